@@ -1,0 +1,1 @@
+from keras_isobn.layers.iso_batch_normalization import IsoBatchNormalization

@@ -1,0 +1,262 @@
+"""Isotropic Batch Normalization (IsoBN)."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_isobn")
+class IsoBatchNormalization(keras.layers.Layer):
+    """Isotropic Batch Normalization (IsoBN).
+
+    IsoBN rescales each feature of a pre-trained embedding so that no group
+    of highly correlated, high-variance features dominates what comes next.
+    It keeps running estimates of the feature covariance `Cov` and of the
+    per-feature standard deviation `std`, and computes from them, with no
+    matrix inverse:
+
+    ```
+    rho     = clip(Cov / outer(std, std), -1, 1)   # correlations
+    gamma_i = mean_j rho_ij ** 2                   # size of i's group
+    a_i     = (gamma_i * std_i + epsilon) ** -beta
+    m       = sqrt(trace(Cov) / (sum_i Cov_ii * a_i ** 2 + epsilon))
+    outputs = inputs * (m * a)
+    ```
+
+    The scale `m * a` is treated as a constant by backpropagation (gradients
+    flow through `inputs` only), no mean is subtracted, and the total
+    variance of the features is kept.
+
+    In training (`training=True` and the layer trainable), the statistics
+    of the batch are computed first, in float32, over every axis but the
+    last: with `Y` the centred batch of `n` rows, `C = Y^T Y / n` and
+    `s = sqrt(mean(Y ** 2))`. They update the moving statistics,
+    `moving_covariance += momentum * (C - moving_covariance)` and likewise
+    `moving_std`, and the batch is then normalised with the *updated*
+    moving statistics, exactly as in the authors' implementation. In
+    inference only the moving statistics are used.
+
+    The moving statistics are non-trainable float32 weights under every
+    dtype policy (`"mixed_float16"` and `"bfloat16"` included), and the
+    computation never yields NaN or Inf from the statistics: a layer that
+    has seen no data returns its input unchanged, features with zero
+    variance get the limit of the formula (`gamma_i * std_i -> 0`), a batch
+    that holds a non-finite value or only masked positions leaves the
+    moving statistics as they were.
+
+    Args:
+        momentum: Float in `(0, 1]`. Weight of the current batch in the
+            moving statistics. Defaults to `0.05`, the paper's value. Note
+            that this is the weight of the *new* batch, the complement of
+            `keras.layers.BatchNormalization`'s `momentum`.
+        epsilon: Float `> 0` added to `gamma * std` before the power, and to
+            the denominator of the variance-preserving factor. Defaults to
+            `1e-3`.
+        beta: Float `>= 0`. Strength of the normalisation: `0` leaves the
+            inputs unchanged, `0.5` (the default, the paper's value) divides
+            each feature by the square root of `gamma * std`, `1` by
+            `gamma * std`.
+        bias_correction: Boolean. If `True`, the moving statistics are
+            divided by the weight that data already has in them,
+            `1 - (1 - momentum) ** t` after `t` updates, before use (as Adam
+            does). Without it, the zero start shrinks the moving covariance
+            by `momentum` and the moving std product by `momentum ** 2`
+            after the first step, which inflates every correlation by
+            `1 / momentum` (20x with the default). Defaults to `False`, the
+            paper's behaviour.
+        **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
+
+    Call arguments:
+        inputs: Tensor of rank 2 or more, features on the last axis.
+        training: Python boolean. Whether to update the moving statistics
+            from this batch before normalising with them.
+        mask: Optional boolean tensor of the shape of `inputs` without its
+            last axis (e.g. `(batch, sequence)` for `(batch, sequence,
+            features)` inputs). Masked-out positions are left out of the
+            batch statistics. The outputs at those positions are scaled
+            like any other.
+
+    Reference:
+        - [Zhou et al., 2021](https://arxiv.org/abs/2005.02178), "IsoBN:
+          Fine-Tuning BERT with Isotropic Batch Normalization", AAAI 2021.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_isobn
+    >>> layer = keras_isobn.IsoBatchNormalization()
+    >>> x = np.random.default_rng(0).normal(size=(32, 8)).astype("float32")
+    >>> for _ in range(10):
+    ...     y = layer(x, training=True)
+    >>> tuple(layer(x).shape)
+    (32, 8)
+    >>> layer.moving_covariance.dtype
+    'float32'
+    """
+
+    def __init__(
+        self,
+        momentum=0.05,
+        epsilon=1e-3,
+        beta=0.5,
+        bias_correction=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not 0.0 < float(momentum) <= 1.0:
+            raise ValueError(
+                "`momentum` must be in (0, 1], the weight of each new batch "
+                f"in the moving statistics. Received: momentum={momentum}"
+            )
+        if float(epsilon) <= 0.0:
+            raise ValueError(
+                "`epsilon` must be > 0 so the scale stays finite. "
+                f"Received: epsilon={epsilon}"
+            )
+        if float(beta) < 0.0:
+            raise ValueError(
+                "`beta` must be >= 0 (0 leaves the inputs unchanged). "
+                f"Received: beta={beta}"
+            )
+        self.momentum = float(momentum)
+        self.epsilon = float(epsilon)
+        self.beta = float(beta)
+        self.bias_correction = bool(bias_correction)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        if len(input_shape) < 2:
+            raise ValueError(
+                "IsoBatchNormalization expects inputs of rank >= 2, "
+                "(batch, ..., features), with statistics taken over every "
+                f"axis but the last. Received: input_shape={input_shape}. "
+                "Add a batch axis, e.g. `x[None]` for a single vector."
+            )
+        dim = input_shape[-1]
+        if dim is None:
+            raise ValueError(
+                "The last axis (features) of the input of "
+                "IsoBatchNormalization must be known when the layer is "
+                f"built. Received: input_shape={input_shape}"
+            )
+        self.moving_covariance = self.add_weight(
+            shape=(dim, dim),
+            initializer="zeros",
+            dtype="float32",
+            trainable=False,
+            autocast=False,
+            name="moving_covariance",
+        )
+        self.moving_std = self.add_weight(
+            shape=(dim,),
+            initializer="zeros",
+            dtype="float32",
+            trainable=False,
+            autocast=False,
+            name="moving_std",
+        )
+        if self.bias_correction:
+            # The moving average of the constant 1: the weight that data
+            # has in the moving statistics, 1 - (1 - momentum) ** steps.
+            self.moving_weight = self.add_weight(
+                shape=(),
+                initializer="zeros",
+                dtype="float32",
+                trainable=False,
+                autocast=False,
+                name="moving_weight",
+            )
+        self.input_spec = keras.layers.InputSpec(
+            min_ndim=2, axes={-1: dim}
+        )
+        self.built = True
+
+    def call(self, inputs, training=None, mask=None):
+        if training and self.trainable:
+            self._update_moving_statistics(inputs, mask)
+        scale = ops.stop_gradient(self.scale())
+        return inputs * ops.cast(scale, inputs.dtype)
+
+    def scale(self):
+        """The per-feature scale `m * a` from the moving statistics.
+
+        Returns:
+            A float32 tensor of shape `(features,)`; all ones while the
+            layer has seen no data.
+        """
+        covariance = self.moving_covariance
+        std = self.moving_std
+        if self.bias_correction:
+            weight = ops.convert_to_tensor(self.moving_weight)
+            correction = ops.where(weight > 0.0, 1.0 / weight, 0.0)
+            covariance = covariance * correction
+            std = std * correction
+        covariance = ops.convert_to_tensor(covariance)
+        std = ops.convert_to_tensor(std)
+
+        std_outer = std[:, None] * std[None, :]
+        # 0 / 0 for features without variance: take the correlation as 0,
+        # the limit of the formula (their gamma * std is 0 either way).
+        correlation = ops.clip(
+            ops.divide_no_nan(covariance, std_outer), -1.0, 1.0
+        )
+        gamma = ops.mean(ops.square(correlation), axis=1)
+        a = ops.power(gamma * std + self.epsilon, -self.beta)
+        variance = ops.diagonal(covariance)
+        total = ops.sum(variance)
+        m = ops.sqrt(total / (ops.sum(variance * ops.square(a)) + self.epsilon))
+        # No statistics yet (or all zero): leave the inputs unchanged.
+        return ops.where(total > 0.0, m * a, ops.ones_like(a))
+
+    def _update_moving_statistics(self, inputs, mask):
+        dim = self.moving_std.shape[0]
+        x = ops.reshape(ops.cast(ops.stop_gradient(inputs), "float32"), (-1, dim))
+        if mask is None:
+            count = ops.cast(ops.shape(x)[0], "float32")
+            centred = x - ops.mean(x, axis=0)
+        else:
+            # With 0/1 weights, (w * y) (w * y)^T = w * y y^T.
+            w = ops.reshape(ops.cast(mask, "float32"), (-1, 1))
+            count = ops.sum(w)
+            mean = ops.sum(x * w, axis=0) / ops.maximum(count, 1.0)
+            centred = (x - mean) * w
+        safe_count = ops.maximum(count, 1.0)
+        covariance = ops.matmul(ops.transpose(centred), centred) / safe_count
+        std = ops.sqrt(ops.sum(ops.square(centred), axis=0) / safe_count)
+
+        # Skip the update for a batch with no unmasked position or with a
+        # non-finite value: it must not poison the moving statistics.
+        keep = ops.logical_and(
+            count > 0.0,
+            ops.logical_and(
+                ops.all(ops.isfinite(covariance)), ops.all(ops.isfinite(std))
+            ),
+        )
+        rate = ops.where(keep, self.momentum, 0.0)
+        covariance = ops.where(keep, covariance, 0.0)
+        std = ops.where(keep, std, 0.0)
+        self.moving_covariance.assign(
+            self.moving_covariance + rate * (covariance - self.moving_covariance)
+        )
+        self.moving_std.assign(self.moving_std + rate * (std - self.moving_std))
+        if self.bias_correction:
+            self.moving_weight.assign(
+                self.moving_weight + rate * (1.0 - self.moving_weight)
+            )
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "momentum": self.momentum,
+                "epsilon": self.epsilon,
+                "beta": self.beta,
+                "bias_correction": self.bias_correction,
+            }
+        )
+        return config
