@@ -1,0 +1,460 @@
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+from keras.src import testing
+
+from keras_isobn import IsoBatchNormalization
+
+
+class NumpyIsoBN:
+    """Independent float64 NumPy statement of the IsoBN equations."""
+
+    def __init__(
+        self, dim, momentum=0.05, epsilon=1e-3, beta=0.5, degenerate_limit=False
+    ):
+        self.degenerate_limit = degenerate_limit
+        self.covariance = np.zeros((dim, dim))
+        self.std = np.zeros(dim)
+        self.momentum, self.epsilon, self.beta = momentum, epsilon, beta
+
+    def update(self, x):
+        x = np.asarray(x, np.float64).reshape(-1, self.std.shape[0])
+        y = x - x.mean(axis=0)
+        covariance = y.T @ y / len(y)
+        std = np.sqrt(np.mean(y**2, axis=0))
+        self.covariance += self.momentum * (covariance - self.covariance)
+        self.std += self.momentum * (std - self.std)
+
+    def scale(self):
+        outer = np.outer(self.std, self.std)
+        if self.degenerate_limit:
+            rho = np.divide(
+                self.covariance, outer, out=np.zeros_like(outer), where=outer > 0
+            )
+        else:
+            rho = self.covariance / outer
+        rho = np.clip(rho, -1, 1)
+        gamma = np.mean(rho**2, axis=1)
+        a = (gamma * self.std + self.epsilon) ** -self.beta
+        total = np.trace(self.covariance)
+        new_total = np.sum(np.diag(self.covariance) * a**2)
+        return a * np.sqrt(total / (new_total + self.epsilon))
+
+    def __call__(self, x, training=False):
+        if training:
+            self.update(x)
+        return np.asarray(x, np.float64) * self.scale()
+
+
+def anisotropic_batches(rng, steps, batch=32, dim=16):
+    """Batches with wildly different stds and correlated groups, like [CLS]."""
+    mixing = rng.normal(size=(dim, dim)) * np.logspace(-2, 1, dim)
+    offset = rng.normal(size=dim) * 3.0
+    return [
+        (rng.normal(size=(batch, dim)) @ mixing + offset).astype("float32")
+        for _ in range(steps)
+    ]
+
+
+def test_matches_float64_reference_over_training_then_inference(rng):
+    batches = anisotropic_batches(rng, steps=8)
+    layer = IsoBatchNormalization()
+    reference = NumpyIsoBN(16)
+    for x in batches:
+        y = layer(x, training=True)
+        expected = reference(x, training=True)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(y), expected, rtol=1e-4, atol=1e-5
+        )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_covariance),
+        reference.covariance,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_std), reference.std, rtol=1e-5
+    )
+    probe = anisotropic_batches(rng, steps=1, batch=5)[0]
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer(probe)), reference(probe), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.scale()), reference.scale(), rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    "momentum, epsilon, beta", [(1.0, 1e-5, 1.0), (0.3, 0.1, 0.25), (0.05, 1e-3, 0.0)]
+)
+def test_hyperparameters_match_reference(rng, momentum, epsilon, beta):
+    layer = IsoBatchNormalization(momentum=momentum, epsilon=epsilon, beta=beta)
+    reference = NumpyIsoBN(16, momentum, epsilon, beta)
+    for x in anisotropic_batches(rng, steps=3):
+        layer(x, training=True)
+        reference.update(x)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.scale()), reference.scale(), rtol=1e-4
+    )
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16", "bfloat16"])
+def test_statistics_stay_float32_under_every_policy(rng, policy):
+    keras.mixed_precision.set_global_policy(policy)
+    layer = IsoBatchNormalization()
+    batches = anisotropic_batches(rng, steps=4)
+    reference = NumpyIsoBN(16)
+    for x in batches:
+        y = layer(x, training=True)
+        # The reference sees what the layer sees: inputs in the compute dtype.
+        reference.update(ops.convert_to_numpy(ops.cast(x, layer.compute_dtype)))
+    assert layer.moving_covariance.dtype == "float32"
+    assert layer.moving_std.dtype == "float32"
+    assert ops.convert_to_numpy(layer.moving_covariance).dtype == np.float32
+    assert keras.backend.standardize_dtype(y.dtype) == layer.compute_dtype
+    tolerance = 1e-2 if "float16" in policy else 3e-2
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.scale()), reference.scale(), rtol=1e-4
+    )
+    out = ops.convert_to_numpy(ops.cast(layer(batches[0]), "float32"))
+    np.testing.assert_allclose(
+        out, reference(batches[0]), rtol=tolerance, atol=tolerance
+    )
+
+
+def test_mixed_float16_matches_reference_to_half_precision(rng):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    layer = IsoBatchNormalization()
+    reference = NumpyIsoBN(16)
+    for x in anisotropic_batches(rng, steps=5):
+        half = x.astype("float16")
+        y = layer(half, training=True)
+        expected = reference(half, training=True)
+        assert np.all(np.isfinite(ops.convert_to_numpy(y)))
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(y).astype("float64"),
+            expected,
+            rtol=2e-3,
+            atol=2e-3 * np.abs(expected).max(),
+        )
+
+
+def test_fresh_layer_returns_inputs_unchanged(rng):
+    x = rng.normal(size=(4, 8)).astype("float32")
+    layer = IsoBatchNormalization()
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer(x)), x)
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer.scale()), np.ones(8))
+
+
+def test_zero_variance_and_tiny_std_dimensions_stay_finite(rng):
+    x = rng.normal(size=(64, 6)).astype("float32")
+    x[:, 0] = 2.5  # constant feature: zero variance
+    x[:, 1] = 0.0  # all zero
+    x[:, 2] *= 1e-33  # real [CLS] vectors have stds this low
+    layer = IsoBatchNormalization()
+    for batch in np.split(x, 4):
+        y = ops.convert_to_numpy(layer(batch, training=True))
+        assert np.all(np.isfinite(y))
+    scale = ops.convert_to_numpy(layer.scale())
+    assert np.all(np.isfinite(scale)) and np.all(scale > 0)
+    # The degenerate features get the formula's limit (gamma * std -> 0,
+    # correlations 0 where a std is 0); the others are normalised as usual.
+    # A std of 1e-33 squares to 1e-66, which is 0 in float32: that feature
+    # is seen as having no variance, as it practically has.
+    seen = x.copy()
+    seen[:, 2] = 0.0
+    reference = NumpyIsoBN(6, degenerate_limit=True)
+    for batch in np.split(seen, 4):
+        reference.update(batch)
+    np.testing.assert_allclose(scale, reference.scale(), rtol=1e-4)
+    np.testing.assert_allclose(scale[:3], scale[0], rtol=1e-6)
+    assert scale[0] > scale[3:].max()
+
+
+def test_batch_of_one_is_safe(rng):
+    layer = IsoBatchNormalization()
+    x = rng.normal(size=(1, 8)).astype("float32")
+    y = ops.convert_to_numpy(layer(x, training=True))
+    np.testing.assert_array_equal(y, x)  # no statistics yet: unchanged
+    for batch in anisotropic_batches(rng, steps=2, dim=8):
+        layer(batch, training=True)
+    y = ops.convert_to_numpy(layer(x, training=True))
+    assert np.all(np.isfinite(y))
+    assert np.all(np.isfinite(ops.convert_to_numpy(layer.moving_covariance)))
+
+
+def test_non_finite_batch_does_not_poison_statistics(rng):
+    layer = IsoBatchNormalization()
+    good = anisotropic_batches(rng, steps=2, dim=8)
+    for batch in good:
+        layer(batch, training=True)
+    before_cov = ops.convert_to_numpy(layer.moving_covariance)
+    before_std = ops.convert_to_numpy(layer.moving_std)
+    for value in (np.nan, np.inf, -np.inf):
+        bad = good[0].copy()
+        bad[3, 2] = value
+        layer(bad, training=True)
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(layer.moving_covariance), before_cov
+        )
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(layer.moving_std), before_std
+        )
+    assert np.all(np.isfinite(ops.convert_to_numpy(layer.scale())))
+
+
+def test_mask_leaves_padded_positions_out_of_statistics(rng):
+    batch, seq, dim = 4, 6, 8
+    x = rng.normal(size=(batch, seq, dim)).astype("float32") * np.logspace(
+        -1, 1, dim
+    )
+    mask = np.ones((batch, seq), bool)
+    mask[0, 3:] = False
+    mask[2, 1:] = False
+    x_padded = x.copy()
+    x_padded[~mask] = 1e4  # garbage at padded positions
+    layer = IsoBatchNormalization()
+    reference = NumpyIsoBN(dim)
+    for _ in range(3):
+        y = layer(x_padded, training=True, mask=mask)
+        reference.update(x[mask])
+    assert tuple(y.shape) == (batch, seq, dim)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_covariance),
+        reference.covariance,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(y)[mask],
+        x[mask] * reference.scale(),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_all_masked_batch_leaves_statistics_unchanged(rng):
+    layer = IsoBatchNormalization()
+    x = rng.normal(size=(2, 3, 4)).astype("float32")
+    layer(x, training=True)
+    before = ops.convert_to_numpy(layer.moving_covariance)
+    layer(x, training=True, mask=np.zeros((2, 3), bool))
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(layer.moving_covariance), before
+    )
+
+
+def test_keras_masking_propagates_through_the_layer(rng):
+    tokens = rng.integers(1, 20, size=(3, 5))
+    tokens[0, 3:] = 0
+    inputs = keras.Input(shape=(5,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+    normalised = IsoBatchNormalization()(embedded)
+    model = keras.Model(inputs, normalised)
+    out = model(tokens)
+    assert tuple(out.shape) == (3, 5, 8)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(out._keras_mask), tokens != 0
+    )
+
+
+def test_rank_3_inputs_use_every_position(rng):
+    x = rng.normal(size=(3, 5, 8)).astype("float32")
+    layer = IsoBatchNormalization()
+    reference = NumpyIsoBN(8)
+    y = layer(x, training=True)
+    reference.update(x.reshape(-1, 8))
+    assert tuple(y.shape) == x.shape
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_covariance),
+        reference.covariance,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_bias_correction_removes_zero_start(rng):
+    x = anisotropic_batches(rng, steps=1)[0]
+    corrected = IsoBatchNormalization(bias_correction=True)
+    corrected(x, training=True)
+    # After one step the debiased statistics are the batch's own ones.
+    batch_only = NumpyIsoBN(16, momentum=1.0)
+    batch_only.update(x)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(corrected.scale()), batch_only.scale(), rtol=1e-4
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(corrected.moving_weight), 0.05, rtol=1e-6
+    )
+    # Without the correction correlations are inflated by 1 / momentum.
+    plain = IsoBatchNormalization()
+    plain(x, training=True)
+    reference = NumpyIsoBN(16)
+    reference.update(x)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(plain.scale()), reference.scale(), rtol=1e-4
+    )
+    assert not np.allclose(reference.scale(), batch_only.scale(), rtol=1e-2)
+
+
+def test_frozen_layer_does_not_update(rng):
+    layer = IsoBatchNormalization()
+    x = anisotropic_batches(rng, steps=1)[0]
+    layer(x, training=True)
+    before = ops.convert_to_numpy(layer.moving_covariance)
+    layer.trainable = False
+    layer(x * 3.0, training=True)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(layer.moving_covariance), before
+    )
+
+
+def _input_gradient(layer, x, weights):
+    """d sum(layer(x, training=True) * weights) / dx on the current backend."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(layer(x, training=True) * weights)
+        return tape.gradient(loss, x).numpy()
+    if backend == "jax":
+        import jax
+
+        def loss(x, non_trainable):
+            y, _ = layer.stateless_call([], non_trainable, x, training=True)
+            return (y * weights).sum()
+
+        values = [v.value for v in layer.non_trainable_variables]
+        return np.asarray(jax.grad(loss)(x, values))
+    import torch
+
+    x = torch.tensor(x, requires_grad=True)
+    loss = (layer(x, training=True) * torch.tensor(weights)).sum()
+    loss.backward()
+    return x.grad.numpy()
+
+
+def test_gradient_is_the_detached_scale(rng):
+    batches = anisotropic_batches(rng, steps=3, dim=8)
+    layer = IsoBatchNormalization()
+    for x in batches[:2]:
+        layer(x, training=True)
+    weights = rng.normal(size=batches[2].shape).astype("float32")
+    grad = _input_gradient(layer, batches[2], weights)
+    reference = NumpyIsoBN(8)
+    for x in batches:
+        reference.update(x)
+    np.testing.assert_allclose(
+        grad, weights * reference.scale(), rtol=1e-4, atol=1e-6
+    )
+
+
+def test_compiled_fit_updates_statistics_like_the_reference(rng):
+    x = np.concatenate(anisotropic_batches(rng, steps=6, batch=16, dim=8))
+    y = rng.normal(size=(len(x), 1)).astype("float32")
+    inputs = keras.Input(shape=(8,))
+    layer = IsoBatchNormalization()
+    outputs = keras.layers.Dense(1)(layer(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    reference = NumpyIsoBN(8)
+    for _ in range(2):
+        for batch in np.split(x, 6):
+            reference.update(batch)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_covariance),
+        reference.covariance,
+        rtol=1e-4,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0),
+        ops.convert_to_numpy(model.layers[-1](x * reference.scale())),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_saved_and_reloaded_model_is_identical(rng, tmp_path):
+    x = np.concatenate(anisotropic_batches(rng, steps=4, batch=16, dim=8))
+    inputs = keras.Input(shape=(8,))
+    outputs = keras.layers.Dense(2)(
+        IsoBatchNormalization(beta=0.4, bias_correction=True)(inputs)
+    )
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, x[:, :2], batch_size=16, epochs=1, verbose=0)
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    layer, restored_layer = model.layers[1], restored.layers[1]
+    assert isinstance(restored_layer, IsoBatchNormalization)
+    assert restored_layer.get_config() == layer.get_config()
+    for a, b in zip(layer.weights, restored_layer.weights):
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(a), ops.convert_to_numpy(b)
+        )
+    np.testing.assert_array_equal(
+        model.predict(x, verbose=0), restored.predict(x, verbose=0)
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"momentum": 0.0}, "momentum=0.0"),
+        ({"momentum": 1.5}, "momentum=1.5"),
+        ({"epsilon": 0.0}, "epsilon=0.0"),
+        ({"epsilon": -1e-3}, "epsilon=-0.001"),
+        ({"beta": -0.5}, "beta=-0.5"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        IsoBatchNormalization(**kwargs)
+
+
+def test_bad_input_shapes_raise():
+    with pytest.raises(ValueError, match="rank >= 2"):
+        IsoBatchNormalization()(np.ones((4,), "float32"))
+    with pytest.raises(ValueError, match="last axis"):
+        IsoBatchNormalization().build((None, None))
+
+
+class IsoBatchNormalizationLayerTest(testing.TestCase):
+    def test_keras_layer_conventions(self):
+        self.run_layer_test(
+            IsoBatchNormalization,
+            init_kwargs={"momentum": 0.1, "beta": 0.5},
+            input_shape=(4, 3),
+            expected_output_shape=(4, 3),
+            expected_num_trainable_weights=0,
+            expected_num_non_trainable_weights=2,
+            expected_num_seed_generators=0,
+            expected_num_losses=0,
+            supports_masking=True,
+        )
+        self.run_layer_test(
+            IsoBatchNormalization,
+            init_kwargs={"bias_correction": True},
+            input_shape=(2, 5, 3),
+            expected_output_shape=(2, 5, 3),
+            expected_num_trainable_weights=0,
+            expected_num_non_trainable_weights=3,
+            supports_masking=True,
+        )
+
+    def test_config_round_trip(self):
+        layer = IsoBatchNormalization(
+            momentum=0.1, epsilon=1e-4, beta=0.7, bias_correction=True, name="iso"
+        )
+        clone = IsoBatchNormalization.from_config(layer.get_config())
+        self.assertEqual(clone.get_config(), layer.get_config())
+        self.assertEqual(clone.name, "iso")
