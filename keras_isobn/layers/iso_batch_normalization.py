@@ -63,6 +63,14 @@ class IsoBatchNormalization(keras.layers.Layer):
             after the first step, which inflates every correlation by
             `1 / momentum` (20x with the default). Defaults to `False`, the
             paper's behaviour.
+        synchronized: Boolean. Only needed with the TensorFlow backend under
+            a `tf.distribute` strategy (e.g. `MirroredStrategy`): if `True`,
+            the batch statistics are all-reduced across replicas so that
+            they are those of the global batch. Without it each replica
+            updates from its own share of the batch. On JAX,
+            `keras.distribution.DataParallel` computes the global batch's
+            statistics either way; on PyTorch only single-process training
+            is supported and `True` raises an error. Defaults to `False`.
         **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
 
     Call arguments:
@@ -99,9 +107,19 @@ class IsoBatchNormalization(keras.layers.Layer):
         epsilon=1e-3,
         beta=0.5,
         bias_correction=False,
+        synchronized=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if synchronized and keras.backend.backend() == "torch":
+            raise ValueError(
+                "`synchronized=True` is not supported on the PyTorch backend: "
+                "keras-isobn supports single-process training there, whose "
+                "statistics are those of the whole batch already. Use "
+                "`synchronized=False`, or the TensorFlow backend "
+                "(tf.distribute) or the JAX backend (keras.distribution) for "
+                "data-parallel training. Received: synchronized=True"
+            )
         if not 0.0 < float(momentum) <= 1.0:
             raise ValueError(
                 "`momentum` must be in (0, 1], the weight of each new batch "
@@ -121,6 +139,7 @@ class IsoBatchNormalization(keras.layers.Layer):
         self.epsilon = float(epsilon)
         self.beta = float(beta)
         self.bias_correction = bool(bias_correction)
+        self.synchronized = bool(synchronized)
         self.supports_masking = True
 
     def build(self, input_shape):
@@ -209,19 +228,27 @@ class IsoBatchNormalization(keras.layers.Layer):
 
     def _update_moving_statistics(self, inputs, mask):
         dim = self.moving_std.shape[0]
-        x = ops.reshape(ops.cast(ops.stop_gradient(inputs), "float32"), (-1, dim))
+        x = ops.cast(ops.stop_gradient(inputs), "float32")
+        x = ops.reshape(x, (-1, dim))
         if mask is None:
             count = ops.cast(ops.shape(x)[0], "float32")
-            centred = x - ops.mean(x, axis=0)
         else:
-            # With 0/1 weights, (w * y) (w * y)^T = w * y y^T.
-            w = ops.reshape(ops.cast(mask, "float32"), (-1, 1))
-            count = ops.sum(w)
-            mean = ops.sum(x * w, axis=0) / ops.maximum(count, 1.0)
-            centred = (x - mean) * w
-        safe_count = ops.maximum(count, 1.0)
-        covariance = ops.matmul(ops.transpose(centred), centred) / safe_count
-        std = ops.sqrt(ops.sum(ops.square(centred), axis=0) / safe_count)
+            weights = ops.reshape(ops.cast(mask, "float32"), (-1, 1))
+            count = ops.sum(weights)
+            x = x * weights
+        count, (mean,) = self._batch_means(count, [ops.sum(x, axis=0)])
+        centred = x - mean
+        if mask is not None:
+            # With 0/1 weights, (w * y)^T (w * y) = sum_k w_k y_k y_k^T.
+            centred = centred * weights
+        count, (covariance, variance) = self._batch_means(
+            count,
+            [
+                ops.matmul(ops.transpose(centred), centred),
+                ops.sum(ops.square(centred), axis=0),
+            ],
+        )
+        std = ops.sqrt(variance)
 
         # Skip the update for a batch with no unmasked position or with a
         # non-finite value: it must not poison the moving statistics.
@@ -243,6 +270,34 @@ class IsoBatchNormalization(keras.layers.Layer):
                 self.moving_weight + rate * (1.0 - self.moving_weight)
             )
 
+    def _batch_means(self, count, sums):
+        """Divides sums over the batch by its number of rows.
+
+        With `synchronized=True` in a `tf.distribute` replica context, the
+        sums and counts are first added up over all replicas (through
+        `keras.ops.moments(..., synchronized=True)`, whose mean over the
+        replicas' rows, taken as a ratio to the count's, is the global
+        one), so the statistics are those of the global batch.
+
+        Returns:
+            A positive number iff the (global) batch has a row, and the
+            list of means.
+        """
+        if self.synchronized and keras.backend.backend() == "tensorflow":
+            row = ops.concatenate(
+                [ops.reshape(count, (1,))] + [ops.reshape(t, (-1,)) for t in sums]
+            )
+            row, _ = ops.moments(row[None, :], axes=[0], synchronized=True)
+            count, flat = row[0], row[1:]
+            sums, offset = list(sums), 0
+            for i, t in enumerate(sums):
+                size = 1
+                for n in t.shape:
+                    size *= n
+                sums[i] = ops.reshape(flat[offset : offset + size], t.shape)
+                offset += size
+        return count, [ops.divide_no_nan(t, count) for t in sums]
+
     def compute_output_shape(self, input_shape):
         return input_shape
 
@@ -257,6 +312,7 @@ class IsoBatchNormalization(keras.layers.Layer):
                 "epsilon": self.epsilon,
                 "beta": self.beta,
                 "bias_correction": self.bias_correction,
+                "synchronized": self.synchronized,
             }
         )
         return config

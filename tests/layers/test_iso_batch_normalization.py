@@ -443,7 +443,7 @@ class IsoBatchNormalizationLayerTest(testing.TestCase):
         )
         self.run_layer_test(
             IsoBatchNormalization,
-            init_kwargs={"bias_correction": True},
+            init_kwargs={"bias_correction": True, "synchronized": False},
             input_shape=(2, 5, 3),
             expected_output_shape=(2, 5, 3),
             expected_num_trainable_weights=0,
@@ -453,8 +453,35 @@ class IsoBatchNormalizationLayerTest(testing.TestCase):
 
     def test_config_round_trip(self):
         layer = IsoBatchNormalization(
-            momentum=0.1, epsilon=1e-4, beta=0.7, bias_correction=True, name="iso"
+            momentum=0.1,
+            epsilon=1e-4,
+            beta=0.7,
+            bias_correction=True,
+            name="iso",
         )
         clone = IsoBatchNormalization.from_config(layer.get_config())
         self.assertEqual(clone.get_config(), layer.get_config())
         self.assertEqual(clone.name, "iso")
+
+
+def test_synchronized_outside_a_strategy_is_the_plain_batch(rng):
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match="synchronized=True"):
+            IsoBatchNormalization(synchronized=True)
+        return
+    layer = IsoBatchNormalization(synchronized=True)
+    reference = NumpyIsoBN(16)
+    for x in anisotropic_batches(rng, steps=3):
+        y = layer(x, training=True)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(y), reference(x, training=True), rtol=1e-4, atol=1e-5
+        )
+    mask = np.arange(32) % 3 > 0
+    layer(x, training=True, mask=mask)
+    reference.update(x[mask])
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_covariance),
+        reference.covariance,
+        rtol=1e-5,
+        atol=1e-6,
+    )
