@@ -1,0 +1,215 @@
+"""Compiled train and inference steps of one layer, on every backend.
+
+A *train step* is what one layer costs in a training step: the forward
+pass in training mode (which updates the layer's statistics), and the
+gradient of a scalar loss with respect to the layer's input. A *forward
+step* is the forward pass alone, in training or inference mode.
+
+Compilation, per backend:
+
+- JAX: `jax.jit` of `layer.stateless_call`; the layer's non-trainable
+  state is carried from call to call outside the layer.
+- TensorFlow: `tf.function(jit_compile=True)` (XLA), the layer called as
+  usual (its variables updated in place).
+- PyTorch: eager by default; `torch.compile` with `compile_torch=True`.
+"""
+
+import functools
+
+import keras
+import numpy as np
+from keras import ops
+
+
+class LayerStep:
+    """One compiled step of a built layer, called on a fixed input.
+
+    Args:
+        layer: A built Keras layer.
+        x: The input, a NumPy array (cast to the layer's compute dtype).
+        mode: `"train"` (forward in training mode and gradient with
+            respect to `x`), `"forward_train"` (forward in training mode,
+            no gradient) or `"inference"`.
+        jit: Whether to compile (XLA on JAX and TensorFlow,
+            `torch.compile` on PyTorch).
+
+    Call arguments:
+        x: Optional new input of the same shape and dtype; defaults to the
+            input given at construction.
+
+    Returns (of a call):
+        A tuple of NumPy-convertible tensors: `(outputs,)`, or
+        `(outputs, input_gradient)` in `"train"` mode. The call waits
+        until they are computed.
+    """
+
+    def __init__(self, layer, x, mode="train", jit=True):
+        if mode not in ("train", "forward_train", "inference"):
+            raise ValueError(
+                "`mode` must be 'train', 'forward_train' or 'inference'. "
+                f"Received: mode={mode}"
+            )
+        if not layer.built:
+            raise ValueError(
+                f"Layer {layer.name} must be built before it is timed; call "
+                "`layer.build(input_shape)` first."
+            )
+        self.layer = layer
+        self.mode = mode
+        self.backend = keras.backend.backend()
+        self.x = ops.convert_to_tensor(np.asarray(x), dtype=layer.compute_dtype)
+        rng = np.random.default_rng(0)
+        self.cotangent = ops.convert_to_tensor(
+            rng.normal(size=np.shape(x)).astype("float32")
+        )
+        self._initial = [np.array(v.numpy()) for v in layer.variables]
+        self.function = getattr(self, f"_build_{self.backend}")(jit)
+
+    def __call__(self, x=None):
+        outputs = self.function(self.x if x is None else x)
+        return block(outputs)
+
+    def reset(self):
+        """Puts the layer's variables back to their values at construction."""
+        for variable, value in zip(self.layer.variables, self._initial):
+            variable.assign(value)
+        if self.backend == "jax":
+            self._state = [v.value for v in self.layer.non_trainable_variables]
+
+    def sync_state(self):
+        """Writes the carried state back into the layer (JAX only)."""
+        if self.backend == "jax":
+            for variable, value in zip(
+                self.layer.non_trainable_variables, self._state
+            ):
+                variable.assign(value)
+
+    def _loss(self, outputs):
+        return ops.sum(ops.cast(outputs, "float32") * self.cotangent)
+
+    def _build_jax(self, jit):
+        import jax
+
+        layer = self.layer
+        trainable = [v.value for v in layer.trainable_variables]
+        self._state = [v.value for v in layer.non_trainable_variables]
+        training = self.mode != "inference"
+
+        def forward(state, x):
+            return layer.stateless_call(trainable, state, x, training=training)
+
+        if self.mode == "train":
+
+            def loss(x, state):
+                outputs, state = forward(state, x)
+                return self._loss(outputs), (outputs, state)
+
+            def step(state, x):
+                (_, (outputs, state)), grad = jax.value_and_grad(
+                    loss, has_aux=True
+                )(x, state)
+                return (outputs, grad), state
+
+        else:
+
+            def step(state, x):
+                outputs, state = forward(state, x)
+                return (outputs,), state
+
+        if jit:
+            step = jax.jit(step)
+
+        def function(x):
+            outputs, self._state = step(self._state, x)
+            return outputs
+
+        return function
+
+    def _build_tensorflow(self, jit):
+        import tensorflow as tf
+
+        # Each step is its own tf.function: no retracing to warn about.
+        tf.get_logger().setLevel("ERROR")
+        layer = self.layer
+        training = self.mode != "inference"
+
+        if self.mode == "train":
+
+            def step(x):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    outputs = layer(x, training=True)
+                    loss = self._loss(outputs)
+                return outputs, tape.gradient(loss, x)
+
+        else:
+
+            def step(x):
+                return (layer(x, training=training),)
+
+        return tf.function(step, jit_compile=jit)
+
+    def _build_torch(self, jit):
+        import torch
+
+        layer = self.layer
+        training = self.mode != "inference"
+
+        if self.mode == "train":
+
+            def step(x):
+                x = x.detach().requires_grad_(True)
+                outputs = layer(x, training=True)
+                (grad,) = torch.autograd.grad(self._loss(outputs), x)
+                return outputs.detach(), grad
+
+        else:
+
+            def step(x):
+                with torch.no_grad():
+                    return (layer(x, training=training),)
+
+        if jit:
+            step = torch.compile(step)
+        return step
+
+
+def block(outputs):
+    """Waits until the tensors in `outputs` are computed; returns them."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.block_until_ready(outputs)
+    if _on_gpu():
+        if backend == "torch":
+            import torch
+
+            torch.cuda.synchronize()
+        else:
+            import tensorflow as tf
+
+            tf.test.experimental.sync_devices()
+    return outputs
+
+
+@functools.cache
+def _on_gpu():
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_logical_devices("GPU"))
+    return False
+
+
+def all_finite(tensors):
+    """Whether every value of every tensor is finite (NumPy check)."""
+    return all(
+        bool(np.all(np.isfinite(ops.convert_to_numpy(t).astype("float64"))))
+        for t in tensors
+    )

@@ -1,0 +1,133 @@
+"""Smoke tests of the benchmark scripts at tiny sizes (no timing checks)."""
+
+import json
+import math
+import os
+import subprocess
+
+import keras
+import pytest
+
+from benchmarks import gpu_check
+from benchmarks import layer_cost
+from benchmarks import run
+
+BACKEND = keras.backend.backend()
+SCRIPT = os.path.join(
+    os.path.dirname(gpu_check.__file__), "gpu_check.sh"
+)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    """The whole suite, `--quick`, on the loaded backend only."""
+    folder = tmp_path_factory.mktemp("results")
+    markdown = run.main(
+        ["--quick", "--backend", BACKEND, "--output", str(folder)]
+    )
+    return folder, markdown
+
+
+def read(folder, name):
+    with open(os.path.join(folder, f"{name}_{BACKEND}_quick.json")) as f:
+        return json.load(f)
+
+
+def check_environment(payload):
+    env = payload["environment"]
+    assert env["backend"] == BACKEND
+    assert env["cpu_count"] >= 1
+    assert env["versions"]["keras"] == keras.__version__
+    assert env["date"][:2] == "20"
+    assert payload["settings"]["quick"] is True
+
+
+def test_layer_cost_writes_every_method_and_mode(suite):
+    payload = read(suite[0], "layer_cost")
+    check_environment(payload)
+    keys = {(r["mode"], r["method"], r["dtype"]) for r in payload["results"]}
+    for dtype in ("float32", "float16"):
+        for method in layer_cost.METHODS + layer_cost.PROTOTYPES + ("noop",):
+            assert ("train", method, dtype) in keys
+            assert ("inference", method, dtype) in keys
+        for piece in layer_cost.PIECES:
+            assert ("train", piece, dtype) in keys
+    for r in payload["results"]:
+        assert r["median_s"] > 0 and math.isfinite(r["median_s"])
+        assert r["q1_s"] <= r["median_s"] <= r["q3_s"]
+
+
+def test_stability_counts_trials_and_isobn_never_fails(suite):
+    payload = read(suite[0], "stability")
+    check_environment(payload)
+    methods = {r["method"] for r in payload["results"]}
+    assert methods == {"isobn", "batchnorm", "zca", "iternorm"}
+    for r in payload["results"]:
+        assert 0 <= r["failed_trials"] <= r["trials"] == 2
+        assert sum(r["failures_by_stage"].values()) >= r["failed_trials"]
+        if r["method"] == "isobn":
+            assert r["failed_trials"] == 0, r
+    cls = [r for r in payload["results"] if r["family"] == "cls_like"]
+    # float16 flushes the smallest stds to exactly zero.
+    assert any(r["input_zero_std_features"] > 0 for r in cls)
+
+
+def test_end_to_end_compares_isobn_none_and_folded(suite):
+    payload = read(suite[0], "end_to_end")
+    check_environment(payload)
+    (result,) = payload["results"]
+    assert set(result["train"]) == {"none", "isobn"}
+    assert set(result["inference"]) == {"none", "isobn", "isobn_folded"}
+    assert len(result["train"]["isobn"]["steps"]) == 2
+    assert result["train_ratio_isobn_to_none"]["median"] > 0
+    folded = result["folded"]
+    assert not folded["has_normalization"]
+    assert folded["layers"] == folded["layers_without_isobn"]
+    assert folded["max_abs_logit_difference"] < 1e-4
+    assert 0 < result["analytic"]["share"] < 1
+
+
+def test_report_summarises_every_benchmark(suite):
+    folder, markdown = suite
+    assert markdown == os.path.join(folder, "README.md")
+    with open(markdown) as f:
+        text = f.read()
+    for heading in ("## Goals", "## Layer cost", "## Stability",
+                    "## End to end", "## Machines and noise"):
+        assert heading in text
+    assert f"layer_cost_{BACKEND}_quick.json" in text
+
+
+def test_gpu_check_passes_at_tiny_size(tmp_path):
+    from keras_isobn.glue import sample_data_dir
+
+    path, passed = gpu_check.main(
+        [sample_data_dir(), "--small", "--backbone", "tiny", "--steps", "3",
+         "--dev-examples", "16", "--timing-steps", "0", "--output",
+         str(tmp_path)]
+        + (["--eager"] if BACKEND != "jax" else [])
+    )
+    with open(path) as f:
+        payload = json.load(f)
+    checks = payload["checks"]
+    assert "step_overhead" not in checks  # --timing-steps 0: not timed.
+    assert all(checks.values()), checks
+    assert passed
+    records = payload["statistics_records"]
+    assert [r["step"] for r in records] == [1, 2, 3, "end"]
+    assert all(r["dtypes"] == ["float32", "float32"] for r in records)
+
+
+def test_gpu_check_script_usage_and_bad_folder(tmp_path):
+    shown = subprocess.run(
+        ["bash", SCRIPT, "--help"], capture_output=True, text=True
+    )
+    assert shown.returncode == 0
+    assert "GLUE_DIR" in shown.stdout and "--small" in shown.stdout
+    missing = subprocess.run(
+        ["bash", SCRIPT, str(tmp_path / "nowhere"), "--small"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2
+    assert "SST-2/{train,dev}.tsv not found" in missing.stderr

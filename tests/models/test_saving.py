@@ -1,0 +1,70 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_isobn.models import IsoBNBertTextClassifier
+from keras_isobn.models import IsoBNRobertaTextClassifier
+from tests.models import tiny
+from tests.models.tiny import to_numpy
+
+CLASSIFIERS = {
+    "bert": (
+        IsoBNBertTextClassifier,
+        tiny.bert_backbone,
+        tiny.bert_preprocessor,
+    ),
+    "roberta": (
+        IsoBNRobertaTextClassifier,
+        tiny.roberta_backbone,
+        tiny.roberta_preprocessor,
+    ),
+}
+
+
+def statistics(classifier):
+    variables = classifier.normalization.non_trainable_variables
+    return [to_numpy(variable) for variable in variables]
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSIFIERS))
+def test_keras_file_and_preset_round_trips(kind, tmp_path):
+    cls, backbone, preprocessor = CLASSIFIERS[kind]
+    classifier = cls(
+        backbone(),
+        num_classes=2,
+        preprocessor=preprocessor(),
+        beta=0.75,
+        bias_correction=True,
+    )
+    x = tiny.token_inputs(classifier.preprocessor, tiny.SENTENCES)
+    for _ in range(3):
+        classifier(x, training=True)
+    logits = to_numpy(classifier(x, training=False))
+    stats = statistics(classifier)
+    assert len(stats) == 3  # covariance, std and the bias-correction weight
+    assert all(np.any(s != 0.0) for s in stats)
+
+    classifier.save(tmp_path / "classifier.keras")
+    classifier.save_to_preset(tmp_path / "preset")
+    restored = {
+        ".keras": keras.saving.load_model(tmp_path / "classifier.keras"),
+        "preset": cls.from_preset(str(tmp_path / "preset")),
+    }
+    for how, model in restored.items():
+        assert type(model) is cls, how
+        assert model.normalization.beta == 0.75, how
+        for saved, loaded in zip(stats, statistics(model)):
+            np.testing.assert_array_equal(saved, loaded, err_msg=how)
+        reprocessed = tiny.token_inputs(model.preprocessor, tiny.SENTENCES)
+        for name, value in x.items():
+            np.testing.assert_array_equal(reprocessed[name], value)
+        np.testing.assert_array_equal(
+            to_numpy(model(x, training=False)), logits, err_msg=how
+        )
+
+    # With `num_classes`, KerasHub builds a new head, with the same
+    # normalization hyperparameters.
+    new_head = cls.from_preset(str(tmp_path / "preset"), num_classes=3)
+    assert new_head.normalization.beta == 0.75
+    assert new_head.normalization.bias_correction
+    assert tuple(new_head(x).shape) == (len(tiny.SENTENCES), 3)

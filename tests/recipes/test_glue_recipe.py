@@ -1,0 +1,234 @@
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_isobn import glue
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
+)
+import glue as glue_recipe  # noqa: E402  (recipes/glue.py)
+
+# One epoch of a few batches of the shipped sample, on the built-in BERT.
+FAST = [
+    "--train-limit", "32", "--batch-size", "16", "--max-sequence-length", "24",
+    "--epochs", "1", "--ev-examples", "48", "--verbose", "0", "--no-report",
+]  # fmt: skip
+
+
+def _read(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def _lr(step, peak, total, warmup):
+    # The linear warmup then linear decay of BERT fine-tuning, in float64.
+    if step < warmup:
+        return peak * step / warmup
+    return peak * max(0.0, (total - step) / (total - warmup))
+
+
+@pytest.mark.parametrize(
+    "task_name, norm",
+    [("sst2", "none"), ("mrpc", "batchnorm"), ("stsb", "isobn")],
+)
+def test_one_epoch_end_to_end(tmp_path, task_name, norm):
+    task = glue.get_task(task_name)
+    (results,) = glue_recipe.main(
+        FAST + ["--task", task_name, "--norm", norm,
+                "--output-dir", str(tmp_path)]
+    )  # fmt: skip
+    seed_dir = tmp_path / task_name / norm / "seed-1"
+    assert _read(seed_dir / "results.json") == json.loads(json.dumps(results))
+    assert (seed_dir / "best.keras").is_file()
+    assert not (seed_dir / "backup").exists()
+    assert results["task"] == task_name and results["norm"] == norm
+    assert results["seed"] == 1 and results["best_epoch"] == 1
+    assert results["train_examples"] == 32
+    assert results["dev_examples"] == {"validation": 120}
+    assert results["hyperparameters"]["batch_size"] == 16
+    assert results["hyperparameters"]["learning_rate"] == 1e-3
+    assert results["versions"]["backend"] == keras.backend.backend()
+    assert set(results["dev_metrics"]) == set(task.metric_names)
+
+    # The logged epoch: whole-dev-set metrics, EV_3 and the learning rate
+    # at the end of training (2 steps: 0 after the linear decay).
+    (row,) = results["epochs"]
+    for name in task.metric_names:
+        assert results["dev_metrics"][name] == pytest.approx(
+            row[f"val_{name}"], abs=1e-5
+        )
+    assert row["learning_rate"] == pytest.approx(_lr(2, 1e-3, 2, 0))
+    ev = results["ev"]
+    for value in (ev["before"]["in"], ev["after"]["in"], ev["after"]["out"]):
+        assert 3 / 64 < value <= 1.0  # At least isotropic's 3/64.
+    assert ev["after"]["in"] == row["ev3_in"]
+    if norm == "none":  # The probed dropout is the identity at inference.
+        assert ev["after"]["out"] == pytest.approx(ev["after"]["in"])
+    if norm == "isobn":
+        assert ev["after"]["out"] != pytest.approx(ev["after"]["in"])
+
+    # The reported metrics are those of the saved dev predictions...
+    dev = glue.load_split(task, "validation", data_dir=glue.sample_data_dir())
+    predictions = np.load(seed_dir / "dev_predictions.npz")["validation"]
+    assert predictions.shape == (120, task.num_classes)
+    expected = glue.compute_metrics(task, dev.labels, predictions)
+    for name, value in expected.items():
+        assert results["dev_metrics"][name] == pytest.approx(value, abs=1e-9)
+    if norm != "isobn":
+        return
+    # ... which the saved model, IsoBN statistics included, gives again.
+    model = keras.saving.load_model(seed_dir / "best.keras")
+    assert type(model).__name__ == "IsoBNBertTextClassifier"
+    assert float(np.max(np.abs(model.normalization.moving_std))) > 0
+    reloaded = model.predict(dev.features, batch_size=16, verbose=0)
+    np.testing.assert_allclose(reloaded, predictions, rtol=1e-4, atol=1e-5)
+
+
+def test_interrupted_run_resumes_and_keeps_finished_seeds(
+    tmp_path, monkeypatch, capsys
+):
+    argv = FAST + [
+        "--task", "sst2", "--norm", "isobn", "--epochs", "2",
+        "--seeds", "1", "2", "--output-dir", str(tmp_path),
+    ]  # fmt: skip
+    epochs_begun = []
+    original = glue_recipe.DevMetrics.on_epoch_begin
+
+    def interrupt(self, epoch, logs=None):
+        epochs_begun.append(epoch)
+        if len(epochs_begun) == 4:  # Seed 1: epochs 0, 1; seed 2: 0, then 1.
+            raise KeyboardInterrupt("killed")
+        original(self, epoch, logs)
+
+    monkeypatch.setattr(glue_recipe.DevMetrics, "on_epoch_begin", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        glue_recipe.main(argv)
+    seed_1 = tmp_path / "sst2" / "isobn" / "seed-1"
+    seed_2 = tmp_path / "sst2" / "isobn" / "seed-2"
+    finished = (seed_1 / "results.json").read_bytes()
+    assert not (seed_2 / "results.json").exists()
+    assert (seed_2 / "backup").is_dir()
+    (first_epoch,) = glue_recipe.read_epochs(seed_2 / "epochs.csv")
+
+    epochs_begun.clear()
+    monkeypatch.setattr(
+        glue_recipe.DevMetrics,
+        "on_epoch_begin",
+        lambda self, epoch, logs=None: (
+            epochs_begun.append(epoch),
+            original(self, epoch, logs),
+        ),
+    )
+    results = glue_recipe.main(argv)
+    output = capsys.readouterr().out
+    assert "seed-1: done already" in output
+    assert "seed-2: resuming after epoch 1" in output
+    assert epochs_begun == [1]  # Only the interrupted epoch ran again.
+    assert (seed_1 / "results.json").read_bytes() == finished
+    assert results[0] == json.loads(finished)
+
+    resumed = results[1]
+    assert resumed["resumed"] is True
+    assert resumed["epochs_run"] == 2
+    assert resumed["epochs"][0] == first_epoch  # Kept, not rewritten.
+    assert resumed["epochs"][1]["epoch"] == 1
+    assert resumed["best_epoch"] in (1, 2)
+    assert not (seed_2 / "backup").exists()
+    # The optimizer state was restored: the schedule went on from step 2 and
+    # ended at 0 after 4 steps (2 per epoch), not at the rate of step 2.
+    assert first_epoch["learning_rate"] == pytest.approx(_lr(2, 1e-3, 4, 0))
+    assert resumed["epochs"][1]["learning_rate"] == pytest.approx(0.0)
+
+
+def test_warmup_linear_decay_schedule():
+    schedule = glue_recipe.WarmupLinearDecay(2e-5, 100, 6)
+    steps = np.arange(0, 120, 7)
+    values = [float(keras.ops.convert_to_numpy(schedule(s))) for s in steps]
+    expected = [_lr(s, 2e-5, 100, 6) for s in steps]
+    np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-12)
+    config = keras.optimizers.schedules.serialize(schedule)
+    restored = keras.optimizers.schedules.deserialize(config)
+    assert restored.get_config() == schedule.get_config()
+    with pytest.raises(ValueError, match="warmup_steps"):
+        glue_recipe.WarmupLinearDecay(1e-3, 10, 11)
+
+
+def test_optimizer_excludes_layer_norm_and_biases_from_decay():
+    args = glue_recipe.parse_args(["--weight-decay", "0.01"])
+    optimizer = glue_recipe.make_optimizer(args, total_steps=10)
+    layer = keras.layers.Dense(2)
+    norm = keras.layers.LayerNormalization(name="embeddings_layer_norm")
+    layer.build((None, 3))
+    norm.build((None, 3))
+    optimizer.build(layer.trainable_variables + norm.trainable_variables)
+    decayed = {
+        variable.path: optimizer._use_weight_decay(variable)
+        for variable in layer.trainable_variables + norm.trainable_variables
+    }
+    assert decayed == {
+        layer.kernel.path: True,
+        layer.bias.path: False,
+        norm.gamma.path: False,
+        norm.beta.path: False,
+    }
+    assert optimizer.weight_decay == 0.01 and optimizer.epsilon == 1e-6
+
+
+def test_defaults_are_the_papers_with_a_preset():
+    args = glue_recipe.parse_args(["--task", "rte", "--preset", "x"])
+    assert (args.max_sequence_length, args.batch_size) == (256, 16)
+    assert (args.learning_rate, args.epochs) == (5e-5, 10)
+    assert args.seeds == [1, 2, 3, 4, 5] and args.norm == ["isobn"]
+    assert (args.warmup_ratio, args.weight_decay) == (0.06, 0.0)
+    assert args.adam_epsilon == 1e-6 and args.data_dir is None  # TFDS.
+    sample = glue_recipe.parse_args([])
+    assert sample.task == ["sst2", "stsb"]
+    assert sample.norm == ["none", "batchnorm", "isobn"]
+    assert sample.data_dir == glue.sample_data_dir()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--task", "nope"], "Unknown GLUE task 'nope'. Known tasks: cola"),
+        (["--norm", "layernorm"], "invalid choice: 'layernorm'"),
+        (["--preset", "x"], "--task is required with --preset"),
+        (["--epochs", "0"], "--epochs must be >= 1"),
+    ],
+)
+def test_bad_command_lines_exit_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        glue_recipe.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_data_dir_without_the_task_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"CoLA.train\.tsv"):
+        glue_recipe.main(FAST + ["--task", "cola", "--data-dir", str(tmp_path)])
+
+
+def test_malformed_file_names_its_path_and_line(tmp_path):
+    folder = tmp_path / "SST-2"
+    folder.mkdir()
+    (folder / "train.tsv").write_text("sentence\tlabel\na fine film\t1\nbad\n")
+    with pytest.raises(ValueError, match=r"SST-2.train\.tsv, line 3"):
+        glue_recipe.main(FAST + ["--task", "sst2", "--data-dir", str(tmp_path)])
+
+
+def test_too_few_examples_for_a_batch():
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        glue_recipe.main(FAST + ["--task", "sst2", "--train-limit", "8"])
+
+
+def test_unreachable_preset_says_how_to_use_a_local_one(tmp_path):
+    with pytest.raises(OSError, match="Could not download the preset"):
+        glue_recipe.main(
+            FAST + ["--task", "sst2", "--data-dir", glue.sample_data_dir(),
+                    "--preset", "kaggle://keras-isobn/none/keras/none",
+                    "--output-dir", str(tmp_path)]
+        )  # fmt: skip
