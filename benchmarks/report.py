@@ -209,31 +209,64 @@ def section_breakdown(rows):
     return body
 
 
+STAGES = {
+    "train_outputs": "out",
+    "train_gradient": "grad",
+    "statistics": "stats",
+    "inference_outputs": "infer",
+    "error": "error",
+}
+
+
 def section_stability(runs):
+    columns = []
     rows = []
+    errors = []
     for payload in runs:
         backend = payload["environment"]["backend"]
+        cells = {}
         for r in payload["results"]:
+            column = (r["family"], r["dtype"])
+            if column not in columns:
+                columns.append(column)
             stages = ", ".join(
-                f"{k} {v}" for k, v in r["failures_by_stage"].items() if v
+                STAGES[k] for k, v in r["failures_by_stage"].items() if v
             )
-            rows.append(
-                [
-                    backend, r["family"], r["dtype"], NAMES[r["method"]],
-                    f"{r['failed_trials']}/{r['trials']}", stages or "-",
-                    f"{r['input_min_std']:.1e} .. {r['input_max_std']:.1e}",
-                    r["input_zero_std_features"],
-                    (r["first_error"] or "").splitlines()[0][:80]
-                    if r["first_error"]
-                    else "",
-                ]
+            cells[r["method"], column] = f"{r['failed_trials']}/{r['trials']}" + (
+                f" ({stages})" if stages else ""
             )
-    return table(
-        ["backend", "inputs", "dtype", "method", "failed trials",
-         "where (trials)", "feature std range", "zero-std features",
-         "first error"],
-        rows,
+            if r["first_error"]:
+                errors.append(
+                    f"{backend}, {NAMES[r['method']]}, {r['family']} "
+                    f"{r['dtype']}: `{r['first_error'].splitlines()[-1][:120]}`"
+                )
+        for method in NAMES:
+            if any((method, c) in cells for c in columns):
+                rows.append(
+                    [backend, NAMES[method]]
+                    + [cells.get((method, c), "-") for c in columns]
+                )
+    ranges = []
+    for r in runs[0]["results"] if runs else []:
+        if r["method"] == "isobn":
+            ranges.append(
+                f"{r['family']} {r['dtype']}: feature stds "
+                f"{r['input_min_std']:.1e} to {r['input_max_std']:.1e}, up to "
+                f"{r['input_zero_std_features']} of {r['dim']} exactly 0"
+            )
+    text = (
+        "Failed trials / trials, and in brackets where the NaN/Inf appeared "
+        "(out: train-step outputs, grad: input gradient, stats: moving "
+        "statistics, infer: inference outputs, error: the step raised).\n\n"
+        + table(
+            ["backend", "method"] + [f"{f} {d}" for f, d in columns], rows
+        )
+        + "\n\nInputs (" + runs[0]["environment"]["backend"] + " run): "
+        + "; ".join(ranges) + "."
     )
+    if errors:
+        text += "\n\nErrors raised:\n\n" + "\n".join(f"- {e}" for e in errors)
+    return text
 
 
 def section_end_to_end(runs):

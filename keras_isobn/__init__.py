@@ -1,6 +1,7 @@
 """keras-isobn: Isotropic Batch Normalization (IsoBN) for Keras 3."""
 
 from keras_isobn import isotropy
+from keras_isobn import models
 from keras_isobn import plots
 from keras_isobn.callbacks import EVkCallback
 from keras_isobn.isotropy import clustered_correlation
