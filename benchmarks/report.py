@@ -264,6 +264,31 @@ def section_stability(runs):
         + "\n\nInputs (" + runs[0]["environment"]["backend"] + " run): "
         + "; ".join(ranges) + "."
     )
+    gradients = {}
+    for payload in runs:
+        backend = payload["environment"]["backend"]
+        for r in payload["results"]:
+            if "max_abs_finite_gradient" in r:
+                key = (backend, r["method"])
+                gradients[key] = max(
+                    gradients.get(key, 0.0), r["max_abs_finite_gradient"]
+                )
+    if gradients:
+        backends = list(dict.fromkeys(b for b, _ in gradients))
+        text += (
+            "\n\nLargest finite input gradient over all trials (loss "
+            "`sum(y * v)`, `v` standard normal):\n\n"
+            + table(
+                ["backend"] + [NAMES[m] for m in NAMES if m != "isobn_lean"],
+                [
+                    [b] + [
+                        f"{gradients[b, m]:.3g}" if (b, m) in gradients else "-"
+                        for m in NAMES if m != "isobn_lean"
+                    ]
+                    for b in backends
+                ],
+            )
+        )
     if errors:
         text += "\n\nErrors raised:\n\n" + "\n".join(f"- {e}" for e in errors)
     return text
@@ -595,18 +620,32 @@ Why, and what would close the misses:
   tighter bound."""
 
 STABILITY = """\
-Each trial trains a fresh layer for a few compiled train steps of 32
-vectors, then runs it in inference; it fails if any output, input
-gradient or moving statistic is NaN/Inf, or if a step raises. `cls_like`
-vectors have feature stds spread log-uniformly from 1e-33 to 1 (as
-pre-trained [CLS] vectors), a non-zero mean and three shared factors;
-float32 variances under ~1e-38 and float16 values under ~6e-8 are 0, so
-many features have exactly zero variance. With {batch} rows and d = {dim}
-the batch covariance has rank {rank} at most: its `d - {rank}` smallest eigenvalues
-are equal (`epsilon`), and the backward pass of an eigendecomposition
-divides by differences of eigenvalues, which is what breaks ZCA. IsoBN
+Each trial trains a fresh layer for a few compiled train steps of {batch}
+vectors of size {dim}, then runs it in inference; it fails if any
+output, input gradient or moving statistic is NaN/Inf, or if a step
+raises. `isotropic`: standard normal features. `cls_like`: feature stds
+spread log-uniformly from 1e-33 to 1 (as in pre-trained [CLS] vectors),
+a non-zero mean and three shared factors; their float32 variances under
+~1e-38, and in float16 their values under ~6e-8, are exactly 0. `minilm`:
+pooled [CLS] vectors of the MiniLM checkpoint on SST-2 sentences.
+
+Why ZCA fails: with {batch} rows and d = {dim} the batch covariance has
+rank {rank} at most, so its `d - {rank}` smallest eigenvalues all equal
+`epsilon` up to rounding (exactly, for features of zero variance). The
+backward pass of an eigendecomposition divides by the differences of the
+eigenvalues: JAX and PyTorch return Inf/NaN input gradients, while
+TensorFlow's gradient replaces `1 / x` by `x / (x^2 + 1e-20)`, which
+hides the failure (and gives a wrong, huge-but-finite gradient instead).
+The more spread the eigenvalues of the data, the less often exact ties
+occur (isotropic inputs fail least). Decorrelated BN avoids this with
+groups of at most the batch size; the IsoBN paper's point is that
+whitening all features of a [CLS] vector is what breaks. IterNorm stays
+finite at 5 iterations, but 5 Newton steps only partly whiten an
+ill-conditioned covariance, and the plain Newton iteration diverges in
+float32 after ~20 steps (`tests/benchmarks/test_whitening.py`). IsoBN
 needs no inverse, no eigendecomposition and no gradient through its
-statistics; features without variance get the limit of its formula."""
+statistics, and gives features without variance the limit of its
+formula."""
 
 END_TO_END = """\
 Two `IsoBNBertTextClassifier`s, with `normalization="isobn"` and `None`,

@@ -145,6 +145,7 @@ def run_trials(step, family, args, cache):
     failed_trials = 0
     first_error = None
     input_stats = []
+    largest_gradient = 0.0
     for trial in range(args.trials):
         rng = np.random.default_rng(trial)
         data = family_data(family, rng, rows, dim, args.glue_dir, cache)
@@ -164,6 +165,10 @@ def run_trials(step, family, args, cache):
                     failed.add("train_outputs")
                 if not all_finite([gradient]):
                     failed.add("train_gradient")
+                gradient = np.abs(keras.ops.convert_to_numpy(gradient))
+                gradient = gradient[np.isfinite(gradient)]
+                if gradient.size:
+                    largest_gradient = max(largest_gradient, float(gradient.max()))
             step.sync_state()
             if not all_finite(layer.non_trainable_variables):
                 failed.add("statistics")
@@ -186,6 +191,7 @@ def run_trials(step, family, args, cache):
         "failure_rate": failed_trials / args.trials,
         "failures_by_stage": failures,
         "first_error": first_error,
+        "max_abs_finite_gradient": largest_gradient,
         "input_min_std": min(s[0] for s in input_stats),
         "input_max_std": max(s[1] for s in input_stats),
         "input_zero_std_features": max(s[2] for s in input_stats),

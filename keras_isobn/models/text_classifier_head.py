@@ -229,6 +229,13 @@ class IsoBNHeadMixin:
     def compile(
         self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs
     ):
+        """Configures the task for training, as `TextClassifier.compile()`.
+
+        For a regression head (`num_classes=1`), `loss="auto"` is a
+        `keras.losses.MeanSquaredError` and `metrics="auto"` a
+        `keras.metrics.MeanAbsoluteError`; otherwise the defaults are
+        KerasHub's (sparse categorical cross-entropy and accuracy).
+        """
         if getattr(self, "num_classes", None) == 1:
             if loss == "auto":
                 loss = keras.losses.MeanSquaredError()
@@ -240,12 +247,21 @@ class IsoBNHeadMixin:
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Instantiates the classifier from a KerasHub preset.
+
+        As `keras_hub.models.Task.from_preset()`, for a built-in preset
+        name, a Kaggle (`kaggle://`) or Hugging Face (`hf://`) handle, or a
+        local directory. When a name or handle cannot be downloaded, raises
+        an `OSError` that says so and shows how to pass a local directory.
+        """
         try:
             return super().from_preset(
                 preset, load_weights=load_weights, **kwargs
             )
         except (OSError, ValueError) as error:
-            is_local = isinstance(preset, str) and os.path.exists(preset)
+            is_local = isinstance(preset, (str, os.PathLike)) and (
+                os.path.exists(preset)
+            )
             unreachable = isinstance(error, OSError) or (
                 "has no config.json" in str(error)
             )
