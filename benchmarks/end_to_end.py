@@ -1,15 +1,16 @@
 """Train-step time and peak memory of a text classifier with vs without IsoBN.
 
-For each backbone of `--models`, two `IsoBNBertTextClassifier`s are
-built in the same process from the same weights, one with
-`normalization="isobn"` and one with `normalization=None`, compiled
+For each backbone of `--models`, `IsoBNBertTextClassifier`s are built in
+the same process from the same weights: one with `normalization="isobn"`
+and two with `normalization=None` (the second, the control, measures the
+noise: how far two identical classifiers differ). They are compiled
 alike (AdamW, cross-entropy, XLA on JAX and TensorFlow, eager on
-PyTorch), and fed the same batches (random token ids, full length). Their
+PyTorch) and fed the same batches (random token ids, full length); their
 `train_on_batch` steps alternate, and so do their `predict_on_batch`
-calls, beside a third model: the IsoBN classifier with its scale folded
-into the logits kernel by `keras_isobn.export.fold_normalization`, the
-form it is exported in. Peak memory is measured in a fresh subprocess
-per classifier (`ru_maxrss`, or the device's peak on a GPU).
+calls, beside the IsoBN classifier with its scale folded into the logits
+kernel by `keras_isobn.export.fold_normalization`, the form it is
+exported in. Peak memory is measured in a fresh subprocess per classifier
+(its `VmHWM`, or the device's peak on a GPU).
 
 Backbones:
 
@@ -157,7 +158,8 @@ def time_train_steps(classifiers, batches, steps, warmup=1):
     times = {name: [] for name in names}
     losses = {name: [] for name in names}
     for step in range(steps):
-        order = names if step % 2 == 0 else names[::-1]
+        # Rotate, so each classifier runs in each position equally often.
+        order = names[step % len(names) :] + names[: step % len(names)]
         inputs, labels = batches[step % len(batches)]
         for name in order:
             start = time.perf_counter()
@@ -190,7 +192,7 @@ def time_predict_steps(classifiers, batches, steps, warmup=1):
             classifiers[name].predict_on_batch(batches[i % len(batches)][0])
     times = {name: [] for name in names}
     for step in range(steps):
-        order = names if step % 2 == 0 else names[::-1]
+        order = names[step % len(names) :] + names[: step % len(names)]
         inputs = batches[step % len(batches)][0]
         for name in order:
             start = time.perf_counter()
@@ -284,9 +286,7 @@ def memory_probe(args):
         json.dumps(
             {
                 "rss_before_steps_bytes": before,
-                "peak_rss_bytes": resource.getrusage(
-                    resource.RUSAGE_SELF
-                ).ru_maxrss * 1024,
+                "peak_rss_bytes": peak_rss_bytes(),
                 "device_peak_bytes": device_peak_bytes(),
             }
         ),
@@ -301,6 +301,22 @@ def current_rss_bytes():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return None
+
+
+def peak_rss_bytes():
+    """Peak resident memory of this process image.
+
+    `VmHWM` on Linux: unlike `ru_maxrss`, which Linux carries over from
+    the parent through `fork` and `exec`, it counts this program alone.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def reset_device_peak():
@@ -348,6 +364,12 @@ def measure_model(args, model):
             make_backbone(model), "isobn", jit_compile=jit_compile
         ),
     }
+    if args.control:
+        # A second classifier without IsoBN: its difference to the first
+        # is the noise floor of the comparison.
+        classifiers["none_control"] = make_classifier(
+            make_backbone(model), None, jit_compile=jit_compile
+        )
     backbone = classifiers["isobn"].backbone
     batches = random_batches(
         backbone.vocabulary_size, args.batch_size, args.sequence_length, 2
@@ -374,12 +396,22 @@ def measure_model(args, model):
         "train_ratio_isobn_to_none": paired_ratio(
             train["isobn"], train["none"]
         ),
+        "train_ratio_control_to_none": paired_ratio(
+            train["none_control"], train["none"]
+        )
+        if args.control
+        else None,
         "inference_ratio_isobn_to_none": paired_ratio(
             inference["isobn"], inference["none"]
         ),
         "inference_ratio_folded_to_none": paired_ratio(
             inference["isobn_folded"], inference["none"]
         ),
+        "inference_ratio_control_to_none": paired_ratio(
+            inference["none_control"], inference["none"]
+        )
+        if args.control
+        else None,
         "folded": {
             "has_normalization": folded.normalization is not None,
             "layers": [layer.__class__.__name__ for layer in folded.layers],
@@ -394,12 +426,21 @@ def measure_model(args, model):
         "analytic": analytic_share(
             backbone, args.batch_size, args.sequence_length
         ),
+        "isobn_state_bytes": sum(
+            int(np.prod(v.shape)) * 4
+            for v in classifiers["isobn"].normalization.non_trainable_variables
+        ),
     }
     if args.memory:
         result["memory"] = {
             name: measure_memory(args, model, name)
             for name in ("none", "isobn")
         }
+        if args.control:
+            # The same probe again: how much two identical processes differ.
+            result["memory"]["none_control"] = measure_memory(
+                args, model, "none"
+            )
     return result
 
 
@@ -482,6 +523,11 @@ def parse_args(argv=None):
         help="Skip the peak-memory subprocesses (skipped with --quick).",
     )
     parser.add_argument(
+        "--no-control", dest="control", action="store_false",
+        help="Leave out the second classifier without IsoBN, whose "
+        "difference to the first measures the noise.",
+    )
+    parser.add_argument(
         "--eager", action="store_true",
         help="Run the steps eagerly, without XLA (set by --quick but on "
         "JAX).",
@@ -492,7 +538,7 @@ def parse_args(argv=None):
         args.models, args.batch_size, args.sequence_length = ["tiny"], 4, 8
         args.steps = args.inference_steps = 2
         # Eager steps start faster, except on JAX (one compile per op).
-        args.memory = False
+        args.memory = args.control = False
         args.eager = keras.backend.backend() != "jax"
     return args
 
