@@ -49,6 +49,10 @@ class IsoBNBertTextClassifier(
         beta: Float `>= 0`, IsoBN's strength. Defaults to `0.5`.
         bias_correction: Boolean, IsoBN's bias correction of its moving
             statistics. Defaults to `False` (the paper's behaviour).
+        synchronized: Boolean. Under a `tf.distribute` strategy (TensorFlow),
+            all-reduce the normalization's batch statistics across replicas
+            so they are the global batch's. Defaults to `False` (each
+            replica's own). JAX's `keras.distribution` needs no option.
         **kwargs: Task keyword arguments, such as `name` and `compile`.
 
     Example:
@@ -75,6 +79,7 @@ class IsoBNBertTextClassifier(
         epsilon=1e-3,
         beta=0.5,
         bias_correction=False,
+        synchronized=False,
         **kwargs,
     ):
         # === Layers ===
@@ -93,6 +98,7 @@ class IsoBNBertTextClassifier(
             epsilon=epsilon,
             beta=beta,
             bias_correction=bias_correction,
+            synchronized=synchronized,
             output_dropout_name="classifier_dropout",
         )
         # Skip `BertTextClassifier.__init__`, which builds its own head.

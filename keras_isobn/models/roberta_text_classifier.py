@@ -54,6 +54,10 @@ class IsoBNRobertaTextClassifier(
         beta: Float `>= 0`, IsoBN's strength. Defaults to `0.5`.
         bias_correction: Boolean, IsoBN's bias correction of its moving
             statistics. Defaults to `False` (the paper's behaviour).
+        synchronized: Boolean. Under a `tf.distribute` strategy (TensorFlow),
+            all-reduce the normalization's batch statistics across replicas
+            so they are the global batch's. Defaults to `False` (each
+            replica's own). JAX's `keras.distribution` needs no option.
         **kwargs: Task keyword arguments, such as `name` and `compile`.
 
     Example:
@@ -80,6 +84,7 @@ class IsoBNRobertaTextClassifier(
         epsilon=1e-3,
         beta=0.5,
         bias_correction=False,
+        synchronized=False,
         **kwargs,
     ):
         # === Layers ===
@@ -99,6 +104,7 @@ class IsoBNRobertaTextClassifier(
             epsilon=epsilon,
             beta=beta,
             bias_correction=bias_correction,
+            synchronized=synchronized,
             hidden_dim=self.hidden_dim,
             hidden_activation="tanh",
             output_dropout_name="output_dropout",

@@ -1,8 +1,10 @@
 """The classification head shared by the IsoBN text classifiers."""
 
 import os
+import warnings
 
 import keras
+import tensorflow as tf
 
 from keras_isobn.layers import IsoBatchNormalization
 
@@ -15,6 +17,7 @@ def get_pooled_normalization(
     epsilon=1e-3,
     beta=0.5,
     bias_correction=False,
+    synchronized=False,
     dtype=None,
 ):
     """Returns the normalization layer of a classifier head, or `None`.
@@ -31,6 +34,11 @@ def get_pooled_normalization(
         beta: Float `>= 0`. IsoBN's strength; unused by `"batchnorm"`.
         bias_correction: Boolean. IsoBN's bias correction of the moving
             statistics; unused by `"batchnorm"`.
+        synchronized: Boolean. Under a `tf.distribute` strategy, all-reduce
+            the batch statistics across replicas, so they are the global
+            batch's (both layers have the option). Only for TensorFlow; on
+            JAX it changes nothing (`keras.distribution` gives the global
+            batch's statistics anyway), and PyTorch rejects it.
         dtype: The dtype policy of the layer, usually the backbone's.
 
     Returns:
@@ -42,6 +50,7 @@ def get_pooled_normalization(
             epsilon=epsilon,
             beta=beta,
             bias_correction=bias_correction,
+            synchronized=synchronized,
             dtype=dtype,
             name="pooled_normalization",
         )
@@ -54,6 +63,8 @@ def get_pooled_normalization(
         return keras.layers.BatchNormalization(
             momentum=1.0 - float(momentum),
             epsilon=epsilon,
+            # Keras's option is TensorFlow's; JAX needs none (see above).
+            synchronized=synchronized and keras.backend.backend() != "jax",
             dtype=dtype,
             name="pooled_normalization",
         )
@@ -142,6 +153,7 @@ class IsoBNHeadMixin:
         epsilon=1e-3,
         beta=0.5,
         bias_correction=False,
+        synchronized=False,
         kernel_initializer=None,
         hidden_dim=None,
         hidden_activation=None,
@@ -155,7 +167,7 @@ class IsoBNHeadMixin:
         `normalization`, `output_dropout`, `output_dense`), all with the
         backbone's dtype policy, and the config attributes `num_classes`,
         `activation`, `dropout`, `momentum`, `epsilon`, `beta`,
-        `bias_correction`.
+        `bias_correction`, `synchronized`.
 
         Args:
             features: Symbolic tensor `(batch, features)`, the pooled
@@ -169,6 +181,8 @@ class IsoBNHeadMixin:
             epsilon: IsoBN epsilon.
             beta: IsoBN beta.
             bias_correction: IsoBN bias correction.
+            synchronized: Whether the normalization all-reduces its batch
+                statistics across `tf.distribute` replicas.
             kernel_initializer: Initializer of the logits kernel. Defaults
                 to `TruncatedNormal(stddev=0.02)`, as in KerasHub's BERT and
                 RoBERTa classifiers.
@@ -188,6 +202,7 @@ class IsoBNHeadMixin:
         self.epsilon = epsilon
         self.beta = beta
         self.bias_correction = bias_correction
+        self.synchronized = synchronized
         self._normalization_name = normalization
         self.normalization = get_pooled_normalization(
             normalization,
@@ -195,6 +210,7 @@ class IsoBNHeadMixin:
             epsilon=epsilon,
             beta=beta,
             bias_correction=bias_correction,
+            synchronized=synchronized,
             dtype=dtype,
         )
 
@@ -226,6 +242,28 @@ class IsoBNHeadMixin:
         )
         return self.output_dense(self.output_dropout(x))
 
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        """Preprocesses a batch as KerasHub does, `padding_mask` as int32.
+
+        KerasHub's preprocessors give a boolean `padding_mask`; the
+        backbones take int32 (and cast it). Casting it here, in the data
+        pipeline that `fit`/`evaluate`/`predict` map this over, lets a
+        `tf.distribute` strategy with several replicas train on raw strings
+        (Keras 3.15 cannot split boolean inputs across replicas).
+        """
+        data = super().preprocess_samples(x, y=y, sample_weight=sample_weight)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        mask = x.get("padding_mask") if isinstance(x, dict) else None
+        if mask is not None and (
+            keras.backend.standardize_dtype(mask.dtype) == "bool"
+        ):
+            if isinstance(mask, tf.Tensor):  # In a tf.data pipeline.
+                mask = tf.cast(mask, "int32")
+            else:
+                mask = keras.ops.cast(mask, "int32")
+            x = {**x, "padding_mask": mask}
+        return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+
     def compile(
         self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs
     ):
@@ -244,6 +282,31 @@ class IsoBNHeadMixin:
         super().compile(
             optimizer=optimizer, loss=loss, metrics=metrics, **kwargs
         )
+
+    def compile_from_config(self, config):
+        """Compiles a reloaded classifier as it was saved (see `compile`).
+
+        Called by `keras.saving.load_model()`. If the saved compile
+        arguments cannot be rebuilt in this process (e.g. a custom
+        learning-rate schedule that is not registered here), warns and
+        leaves the classifier uncompiled: call `compile()` yourself, or
+        import the module that registers the object before loading.
+        """
+        try:
+            config = keras.saving.deserialize_keras_object(config)
+        except (TypeError, ValueError) as error:
+            warnings.warn(
+                f"{type(self).__name__} was loaded uncompiled: its saved "
+                "compile arguments could not be rebuilt (a custom object "
+                "not registered in this process?). Call `compile()`, or "
+                "import the module that registers the object before "
+                f"loading. Cause: {type(error).__name__}: {error}",
+                stacklevel=2,
+            )
+            return
+        self.compile(**config)
+        if self.built and getattr(self, "optimizer", None) is not None:
+            self.optimizer.build(self.trainable_variables)  # Its variables.
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
@@ -287,6 +350,7 @@ class IsoBNHeadMixin:
                 "epsilon": self.epsilon,
                 "beta": self.beta,
                 "bias_correction": self.bias_correction,
+                "synchronized": self.synchronized,
             }
         )
         return config

@@ -113,6 +113,58 @@ def test_config_round_trip_keeps_head_hyperparameters():
     assert restored.get_config() == config
 
 
+@pytest.mark.parametrize("normalization", ["isobn", "batchnorm"])
+def test_synchronized_statistics_option(normalization):
+    make = lambda: IsoBNBertTextClassifier(  # noqa: E731
+        tiny.bert_backbone(),
+        num_classes=2,
+        normalization=normalization,
+        synchronized=True,
+    )
+    if keras.backend.backend() == "torch":  # No synchronized statistics.
+        with pytest.raises(ValueError, match="synchronized=True"):
+            make()
+        return
+    classifier = make()
+    # On JAX `keras.distribution` computes the global batch's statistics
+    # already: the option is kept in the config but changes nothing.
+    on_tensorflow = keras.backend.backend() == "tensorflow"
+    if on_tensorflow:
+        assert classifier.normalization.synchronized
+    config = classifier.get_config()
+    assert config["synchronized"] is True
+    restored = IsoBNBertTextClassifier.from_config(copy.deepcopy(config))
+    assert restored.get_config() == config
+    if on_tensorflow:
+        assert restored.normalization.synchronized
+    default = IsoBNBertTextClassifier(tiny.bert_backbone(), num_classes=2)
+    assert not default.normalization.synchronized
+    assert default.get_config()["synchronized"] is False
+
+
+def test_preprocessed_padding_mask_is_int32():
+    # Keras cannot split boolean inputs across `tf.distribute` replicas; the
+    # backbone takes int32.
+    classifier = IsoBNBertTextClassifier(
+        tiny.bert_backbone(),
+        num_classes=2,
+        preprocessor=tiny.bert_preprocessor(),
+    )
+    x, y = classifier.preprocess_samples(
+        np.array(tiny.SENTENCES), y=tiny.LABELS
+    )
+    mask = ops.convert_to_numpy(x["padding_mask"])
+    assert mask.dtype == np.int32
+    expected = tiny.bert_preprocessor()(np.array(tiny.SENTENCES))
+    np.testing.assert_array_equal(mask, to_numpy(expected["padding_mask"]))
+    np.testing.assert_array_equal(to_numpy(y), tiny.LABELS)
+    # In the tf.data pipeline of `predict`, and on to the same logits.
+    logits = classifier.predict(np.array(tiny.SENTENCES), verbose=0)
+    np.testing.assert_allclose(
+        logits, to_numpy(classifier(x, training=False)), rtol=1e-5, atol=1e-6
+    )
+
+
 def test_unknown_normalization_is_rejected():
     with pytest.raises(ValueError, match='"isobn", "batchnorm" or None'):
         IsoBNBertTextClassifier(

@@ -68,3 +68,49 @@ def test_keras_file_and_preset_round_trips(kind, tmp_path):
     assert new_head.normalization.beta == 0.75
     assert new_head.normalization.bias_correction
     assert tuple(new_head(x).shape) == (len(tiny.SENTENCES), 3)
+
+
+def test_reloaded_classifier_is_compiled_as_saved(tmp_path, recwarn):
+    classifier = IsoBNBertTextClassifier(tiny.bert_backbone(), num_classes=1)
+    classifier.compile(optimizer=keras.optimizers.AdamW(3e-4))
+    x = tiny.token_inputs(tiny.bert_preprocessor(), tiny.SENTENCES)
+    y = np.linspace(0.0, 5.0, len(tiny.SENTENCES)).astype("float32")
+    classifier.fit(x, y, batch_size=4, verbose=0)
+    classifier.save(tmp_path / "regression.keras")
+
+    model = keras.saving.load_model(tmp_path / "regression.keras")
+    assert not [w for w in recwarn if "compile" in str(w.message)]
+    assert model.compiled
+    assert isinstance(model.optimizer, keras.optimizers.AdamW)
+    np.testing.assert_allclose(
+        float(to_numpy(model.optimizer.learning_rate)), 3e-4, rtol=1e-6
+    )
+    assert isinstance(model.loss, keras.losses.MeanSquaredError)
+    # The optimizer state came back too: training goes on from step 2.
+    assert int(to_numpy(model.optimizer.iterations)) == 2
+    model.fit(x, y, batch_size=4, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 4
+
+
+def test_unknown_compile_objects_leave_the_model_uncompiled(tmp_path):
+    @keras.saving.register_keras_serializable(package="test_saving_only")
+    class HalvedRate(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            return 0.5e-3
+
+        def get_config(self):
+            return {}
+
+    classifier = IsoBNBertTextClassifier(tiny.bert_backbone(), num_classes=2)
+    classifier.compile(optimizer=keras.optimizers.Adam(HalvedRate()))
+    x = tiny.token_inputs(tiny.bert_preprocessor(), tiny.SENTENCES)
+    classifier(x)
+    classifier.save(tmp_path / "classifier.keras")
+    del keras.saving.get_custom_objects()["test_saving_only>HalvedRate"]
+
+    with pytest.warns(UserWarning, match="loaded uncompiled"):
+        model = keras.saving.load_model(tmp_path / "classifier.keras")
+    np.testing.assert_array_equal(
+        to_numpy(model(x, training=False)),
+        to_numpy(classifier(x, training=False)),
+    )
