@@ -65,7 +65,10 @@ class EVkCallback(keras.callbacks.Callback):
             write the values to that batch's logs (shown by the progress bar
             and by `TensorBoard(update_freq="batch")`).
         batch_size: Integer `>= 1`. Batch size for running the probe (and
-            for preprocessing raw strings). Defaults to `32`.
+            for preprocessing raw strings). Every batch is full (the data
+            is padded by repeating its first rows, and their outputs
+            dropped), so under `keras.distribution.DataParallel` give a
+            multiple of the number of devices. Defaults to `32`.
         prefix: String starting the keys in `logs`. Defaults to `"ev"`.
 
     Attributes:
@@ -177,9 +180,21 @@ class EVkCallback(keras.callbacks.Callback):
         probe = self._get_probe_model(model)
         inputs = self._get_inputs(model)
         training = getattr(model, "training", None)  # torch.nn.Module mode.
-        embeddings = probe.predict(
-            inputs, batch_size=self.batch_size, verbose=0
+        # Full batches only (the first rows repeated, their outputs
+        # dropped): one compiled step for all, and batches that split
+        # evenly across data-parallel devices.
+        size = len(keras.tree.flatten(inputs)[0])
+        padded = keras.tree.map_structure(
+            lambda array: np.resize(
+                array,
+                (size + (-size) % self.batch_size,) + array.shape[1:],
+            ),
+            inputs,
         )
+        embeddings = probe.predict(
+            padded, batch_size=self.batch_size, verbose=0
+        )
+        embeddings = [values[:size] for values in embeddings]
         if training and keras.backend.backend() == "torch":
             model.train()  # `predict` put the shared modules in eval mode.
         mask = inputs.get("padding_mask") if isinstance(inputs, dict) else None

@@ -35,9 +35,9 @@ def data_parallel_scope(kind="data_parallel", devices=None):
 
     Build, compile and `fit` the model in the block. The `batch_size` given
     to `fit` (or the batches of a dataset) is the *global* batch, split in
-    equal shares across the replicas. On TensorFlow, call
-    `synchronize_statistics(model)` before `compile()` so IsoBN's statistics
-    are the global batch's.
+    equal shares across the replicas. On TensorFlow, build the layers with
+    `synchronized=True` (or call `synchronize_statistics(model)` before
+    `compile()`) so IsoBN's statistics are the global batch's.
 
     Keep every batch a multiple of the number of replicas: on JAX each batch
     in the block must be, the last batch of the training and validation
@@ -46,8 +46,9 @@ def data_parallel_scope(kind="data_parallel", devices=None):
     `fit` or `evaluate` must be. On TensorFlow with several replicas,
     Keras 3.15's `fit` and `evaluate` also reject boolean inputs (their
     first batch is averaged across replicas to build the model): give
-    KerasHub's `padding_mask` as int32, the backbones' input dtype. On JAX
-    with several hosts, call `keras.distribution.initialize()` first.
+    KerasHub's `padding_mask` as int32, the backbones' input dtype (the
+    keras-isobn classifiers' preprocessors do). On JAX with several hosts,
+    call `keras.distribution.initialize()` first.
 
     Args:
         kind: `"data_parallel"` to replicate the model on `devices` and
@@ -73,9 +74,8 @@ def data_parallel_scope(kind="data_parallel", devices=None):
     ```python
     with keras_isobn.distribution.data_parallel_scope() as replicas:
         classifier = keras_isobn.models.IsoBNBertTextClassifier.from_preset(
-            "bert_base_en_uncased", num_classes=2
+            "bert_base_en_uncased", num_classes=2, synchronized=True
         )
-        keras_isobn.distribution.synchronize_statistics(classifier)
         classifier.compile(...)
         classifier.fit(x, y, batch_size=32 * replicas)
     ```

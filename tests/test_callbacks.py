@@ -191,6 +191,17 @@ def test_probe_changes_no_weight_or_statistic(fitted):
     assert len(callback.history["epoch"]) == len(fitted.recorded["epoch"]) + 4
 
 
+def test_batch_size_that_does_not_divide_the_data(fitted):
+    # 32 examples in batches of 5 (the last one padded, its padding dropped)
+    # give the values of one batch of 32, those of the unpadded embeddings.
+    model = fitted.model
+    padded = EVkCallback(fitted.inputs, k=(1, 3), batch_size=5).measure(model)
+    whole = EVkCallback(fitted.inputs, k=(1, 3), batch_size=32).measure(model)
+    assert padded.keys() == whole.keys()
+    for key, value in whole.items():
+        assert padded[key] == pytest.approx(value, abs=1e-6), key
+
+
 def test_every_two_epochs():
     callback = EVkCallback(np.zeros((4, 2)), every=2)
     callback.measure = lambda model=None: {"ev3_in": 0.5, "ev3_out": 0.25}
