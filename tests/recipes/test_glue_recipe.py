@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 import sys
 
 import keras
@@ -51,7 +52,8 @@ def test_one_epoch_end_to_end(tmp_path, task_name, norm):
     assert results["train_examples"] == 32
     assert results["dev_examples"] == {"validation": 120}
     assert results["hyperparameters"]["batch_size"] == 16
-    assert results["hyperparameters"]["learning_rate"] == 1e-3
+    peak = glue_recipe.SAMPLE_DEFAULTS["learning_rate"]
+    assert results["hyperparameters"]["learning_rate"] == peak
     assert results["versions"]["backend"] == keras.backend.backend()
     assert set(results["dev_metrics"]) == set(task.metric_names)
 
@@ -62,7 +64,7 @@ def test_one_epoch_end_to_end(tmp_path, task_name, norm):
         assert results["dev_metrics"][name] == pytest.approx(
             row[f"val_{name}"], abs=1e-5
         )
-    assert row["learning_rate"] == pytest.approx(_lr(2, 1e-3, 2, 0))
+    assert row["learning_rate"] == pytest.approx(_lr(2, peak, 2, 0))
     ev = results["ev"]
     for value in (ev["before"]["in"], ev["after"]["in"], ev["after"]["out"]):
         assert 3 / 64 < value <= 1.0  # At least isotropic's 3/64.
@@ -141,8 +143,58 @@ def test_interrupted_run_resumes_and_keeps_finished_seeds(
     assert not (seed_2 / "backup").exists()
     # The optimizer state was restored: the schedule went on from step 2 and
     # ended at 0 after 4 steps (2 per epoch), not at the rate of step 2.
-    assert first_epoch["learning_rate"] == pytest.approx(_lr(2, 1e-3, 4, 0))
+    peak = glue_recipe.SAMPLE_DEFAULTS["learning_rate"]
+    assert first_epoch["learning_rate"] == pytest.approx(_lr(2, peak, 4, 0))
     assert resumed["epochs"][1]["learning_rate"] == pytest.approx(0.0)
+
+
+def test_data_parallel_on_two_devices(tmp_path, capsys):
+    # In a subprocess: the CPU is split in 2 devices before the backend
+    # starts. 120 dev examples do not fill the last batch of 16, and the
+    # sample's raw strings are tokenized into int32 padding masks, which
+    # `tf.distribute` can split (booleans it cannot).
+    code = (
+        "import sys\n"
+        "from keras_isobn import distribution\n"
+        "distribution.virtual_cpu_devices(2)\n"
+        f"sys.path.insert(0, {os.path.dirname(glue_recipe.__file__)!r})\n"
+        "import glue\n"
+        "glue.main(sys.argv[1:])\n"
+    )
+    argv = FAST + [
+        "--task", "mrpc", "--norm", "isobn", "--distribution",
+        "data_parallel", "--output-dir", str(tmp_path),
+    ]  # fmt: skip
+    if keras.backend.backend() == "torch":  # No data-parallel engine.
+        with pytest.raises(SystemExit):
+            glue_recipe.main(argv)
+        assert "not supported on the torch backend" in capsys.readouterr().err
+        assert not (tmp_path / "mrpc").exists()
+        return
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    seed_dir = tmp_path / "mrpc" / "isobn" / "seed-1"
+    results = _read(seed_dir / "results.json")
+    assert results["replicas"] == 2
+    assert results["hyperparameters"]["distribution"] == "data_parallel"
+    # Every dev example predicted once, padding dropped, and scored.
+    predictions = np.load(seed_dir / "dev_predictions.npz")["validation"]
+    assert predictions.shape == (120, 2)
+    assert np.all(np.isfinite(predictions))
+    dev = glue.load_split(
+        glue.get_task("mrpc"), "validation", data_dir=glue.sample_data_dir()
+    )
+    expected = glue.compute_metrics(
+        glue.get_task("mrpc"), dev.labels, predictions
+    )
+    assert results["dev_metrics"] == pytest.approx(expected, abs=1e-9)
+    assert 0 < results["ev"]["after"]["out"] <= 1
 
 
 def test_warmup_linear_decay_schedule():
