@@ -613,7 +613,10 @@ def render(results, title="keras-isobn benchmarks", others=()):
         out += ["", "## GPU check", "",
                 "`benchmarks/gpu_check.sh`: mixed_float16 fine-tuning of the "
                 "IsoBN MiniLM classifier on SST-2, checks of the statistics, "
-                "step time with vs without IsoBN.", "",
+                "step time with vs without IsoBN. Rows run with `--small` "
+                "(20 steps of batch 8, e.g. on a CPU) are a smoke test of "
+                "the script: the statistics checks apply, the accuracy is "
+                "not checked.", "",
                 section_gpu(results["gpu_check"])]
     out += ["", "## Machines and noise", "", NOISE, "",
             section_machines(results)]
