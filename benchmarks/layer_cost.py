@@ -9,13 +9,8 @@ of a scalar loss with respect to the input) and in inference mode, for:
 - `zca`: ZCA whitening by eigendecomposition (`benchmarks.whitening`);
 - `iternorm`: whitening by 5 Newton's iterations (`benchmarks.whitening`);
 
-and, to say where IsoBN's time goes and what it could save:
-
-- `isobn_lean`: the same computation with fewer `d x d` passes
-  (`benchmarks.lean_isobn`, a prototype);
-
-and the pieces of IsoBN's train step alone (forward only, as they have
-no gradient):
+and, to say where IsoBN's time goes, the pieces of its train step alone
+(forward only, as they have no gradient):
 
 - `covariance`: the centred float32 covariance `Y^T Y / n`, the one
   product IsoBN cannot avoid; `gram`: the plain product `x^T x`;
@@ -47,13 +42,11 @@ from keras import ops
 
 import keras_isobn
 from benchmarks import common
-from benchmarks.lean_isobn import LeanIsoBatchNormalization
 from benchmarks.steps import LayerStep
 from benchmarks.whitening import IterNormWhitening
 from benchmarks.whitening import ZCAWhitening
 
 METHODS = ("isobn", "batchnorm", "zca", "iternorm")
-PROTOTYPES = ("isobn_lean",)
 PIECES = ("noop", "gram", "covariance", "isobn_update", "isobn_scale")
 DTYPES = {"float32": "float32", "float16": "mixed_float16"}
 
@@ -106,8 +99,6 @@ def make_layer(method, policy):
     """The layer timed as `method` under the dtype policy `policy`."""
     if method == "isobn":
         return keras_isobn.IsoBatchNormalization(dtype=policy)
-    if method == "isobn_lean":
-        return LeanIsoBatchNormalization(dtype=policy)
     if method == "batchnorm":
         return keras.layers.BatchNormalization(dtype=policy)
     if method == "zca":
@@ -126,7 +117,7 @@ def make_layer(method, policy):
         return IsoBNScale(dtype=policy)
     raise ValueError(
         f"Unknown method {method!r}; choose from "
-        f"{METHODS + PROTOTYPES + PIECES}."
+        f"{METHODS + PIECES}."
     )
 
 
@@ -242,8 +233,8 @@ def parse_args(argv=None):
         help="Compute dtypes. Defaults to %(default)s.",
     )
     parser.add_argument(
-        "--methods", nargs="+", choices=METHODS + PROTOTYPES,
-        default=list(METHODS + PROTOTYPES),
+        "--methods", nargs="+", choices=METHODS,
+        default=list(METHODS),
         help="Normalizations to time beside the pieces of IsoBN. Defaults "
         "to %(default)s.",
     )

@@ -23,7 +23,6 @@ from benchmarks import common
 
 NAMES = {
     "isobn": "IsoBN",
-    "isobn_lean": "IsoBN, lean prototype",
     "batchnorm": "BatchNormalization",
     "zca": "ZCA whitening (eigh)",
     "iternorm": "IterNorm (5 Newton its.)",
@@ -106,16 +105,12 @@ def layer_goals(layer_runs):
                         "noop": noop,
                         "update": get("train", "isobn_update"),
                         "scale": get("train", "isobn_scale"),
-                        "lean": get("train", "isobn_lean"),
                         "zca": get("train", "zca"),
                         "iternorm": get("train", "iternorm"),
                         "batchnorm": get("train", "batchnorm"),
                         "ratio": isobn / cov,
                         "ratio_net": (isobn - noop) / max(cov - noop, 1e-9)
                         if noop is not None
-                        else None,
-                        "lean_ratio": get("train", "isobn_lean") / cov
-                        if get("train", "isobn_lean")
                         else None,
                         "zca_ratio": get("train", "zca") / isobn
                         if get("train", "zca")
@@ -197,14 +192,13 @@ def section_breakdown(rows):
     body = table(
         ["backend", "d", "dtype", "empty step", "covariance `Y^T Y / n`",
          "statistics update", "scale", "IsoBN train", "IsoBN / covariance",
-         "same, net of the empty step", "lean prototype / covariance"],
+         "same, net of the empty step"],
         [
             [
                 r["backend"], r["dim"], r["dtype"], us(r["noop"]),
                 us(r["covariance"]), us(r["update"]), us(r["scale"]),
                 us(r["isobn"]), f"{r['ratio']:.2f}",
                 "-" if r["ratio_net"] is None else f"{r['ratio_net']:.2f}",
-                "-" if r["lean_ratio"] is None else f"{r['lean_ratio']:.2f}",
             ]
             for r in rows
         ],
@@ -282,11 +276,11 @@ def section_stability(runs):
             "\n\nLargest finite input gradient over all trials (loss "
             "`sum(y * v)`, `v` standard normal):\n\n"
             + table(
-                ["backend"] + [NAMES[m] for m in NAMES if m != "isobn_lean"],
+                ["backend"] + list(NAMES.values()),
                 [
                     [b] + [
                         f"{gradients[b, m]:.3g}" if (b, m) in gradients else "-"
-                        for m in NAMES if m != "isobn_lean"
+                        for m in NAMES
                     ]
                     for b in backends
                 ],
@@ -465,19 +459,12 @@ def goals(results):
         rows.append([GOALS["layer"], "<= 1.5x", measured,
                      _status(worst["ratio"] <= 1.5)])
         if worst["ratio"] > 1.5:
-            lean = "; ".join(
-                f"{b}: {min(x['lean_ratio'] for x in rs):.1f}-"
-                f"{max(x['lean_ratio'] for x in rs):.1f}x"
-                for b, rs in per_backend.items()
-                if all(x["lean_ratio"] for x in rs)
-            )
             notes.append(
                 f"**{GOALS['layer']}: missed**, by up to "
                 f"{worst['ratio'] / 1.5:.1f}x ({worst['ratio']:.1f}x the "
                 f"covariance product instead of 1.5x: {worst['backend']}, "
                 f"d={worst['dim']}, {worst['dtype']}). See *Where IsoBN's "
                 "train time goes* and the first point below."
-                + (f" The lean prototype: {lean}." if lean else "")
             )
         zca = [r for r in layer if r["dim"] == max(x["dim"] for x in layer)
                and r["zca_ratio"]]
@@ -631,30 +618,28 @@ Why, and what would close the misses:
 
 - **IsoBN's layer time against its covariance product.** The one product
   IsoBN cannot avoid is the batch covariance, `2 n d^2` flops (`n` = 32).
-  Around it the layer makes about ten elementwise passes over `d x d`
-  float32 matrices (4 MiB each at d = 1024): in the update, the finiteness
-  check of the batch covariance, the `where` that zeroes it for a skipped
-  batch and the moving average; in the scale, `outer(std, std)`, the
-  division, the clip, the square and the row means. On a CPU at batch 32
-  one such pass moves about 8 bytes per entry against the product's 64
-  flops per entry, so it costs a good fraction of the product, and these
-  passes, not the product, set the time (*Where IsoBN's train time goes*:
-  the update alone costs more than the product, the scale alone about as
-  much as the product). XLA
-  fuses part of them (JAX, TensorFlow); eager PyTorch runs each Keras op as
-  its own kernel with its own `d x d` temporary, hence its 7-10x. What would
-  close it, in `IsoBatchNormalization`, with the same results: (1) check
-  finiteness on the `d` sums of squares (by Cauchy-Schwarz every covariance
-  entry is bounded by them) instead of the `d x d` product; (2) zero the
-  `n x d` centred batch, not the `d x d` product, for a skipped batch, and
-  update as one `(1 - rate) * moving + (rate / n) * Y^T Y`; (3) compute
-  `rho^2` with `1 / std` per feature instead of building `outer(std,
-  std)`, and clip `rho^2` at 1. The lean prototype
-  (`benchmarks/lean_isobn.py`, tested equal to the layer) does (1)-(3) and
-  reaches the ratios in the note above, close to 1.5x with XLA. The
-  rest needs the moving average fused into the product (a GEMM that
-  accumulates into the moving covariance) and, on PyTorch, a compiled step
-  (`--torch-compile` runs `torch.compile`; not used for these numbers).
+  On a CPU at batch 32 every elementwise pass over a `d x d` float32
+  matrix (4 MiB at d = 1024) moves about 8 bytes per entry against the
+  product's 64 flops per entry, so each such pass costs a good fraction
+  of the product. The layer keeps these passes few: it checks finiteness
+  on the `d` sums of squares (by Cauchy-Schwarz they bound every
+  covariance entry), zeroes the `n x d` centred batch for a skipped batch,
+  updates as one `(1 - rate) * moving + (rate / n) * Y^T Y`, and builds
+  `rho^2` from `1 / std` per feature. Against the layer before this
+  rewrite, same process, in alternation
+  ([layer_rewrite.md](layer_rewrite.md)), that took the train step from
+  1.9-3.5x to 1.4-1.7x the covariance product on JAX, from 1.9-2.5x to
+  1.6-1.8x on TensorFlow and from 9-18x to 4.7-7.0x on PyTorch (0.32-0.85
+  of the previous time). What remains: the moving average (three `d x d`
+  passes and the variable write) and, in the scale, the two `1 / std`
+  products, the square, the clip and the row means. XLA fuses most of
+  them, hence JAX and TensorFlow within 0.4x of the goal; eager
+  PyTorch runs each Keras op as its own kernel with its own `d x d`
+  temporary (several dozen op dispatches per step), hence its 5-7x. What would
+  close the rest: a GEMM that accumulates into the moving covariance
+  (`beta = 1 - rate` in BLAS terms, not expressible in `keras.ops`), and
+  on PyTorch a compiled step (`--torch-compile` runs `torch.compile`; not
+  used for these numbers).
 - **Inference.** The layer recomputes its scale from the `d x d` moving
   covariance at every call, hence several to tens of times
   BatchNormalization as a layer (yet a few hundredths of a percent of a

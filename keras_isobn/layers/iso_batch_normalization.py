@@ -3,6 +3,9 @@
 import keras
 from keras import ops
 
+# The smallest normal float32: a std below it has an inverse that overflows.
+_TINY = 2.0**-126
+
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class IsoBatchNormalization(keras.layers.Layer):
@@ -202,23 +205,23 @@ class IsoBatchNormalization(keras.layers.Layer):
             A float32 tensor of shape `(features,)`; all ones while the
             layer has seen no data.
         """
-        covariance = self.moving_covariance
-        std = self.moving_std
+        covariance = ops.convert_to_tensor(self.moving_covariance)
+        std = ops.convert_to_tensor(self.moving_std)
         if self.bias_correction:
             weight = ops.convert_to_tensor(self.moving_weight)
             correction = ops.where(weight > 0.0, 1.0 / weight, 0.0)
             covariance = covariance * correction
             std = std * correction
-        covariance = ops.convert_to_tensor(covariance)
-        std = ops.convert_to_tensor(std)
 
-        std_outer = std[:, None] * std[None, :]
-        # 0 / 0 for features without variance: take the correlation as 0,
-        # the limit of the formula (their gamma * std is 0 either way).
-        correlation = ops.clip(
-            ops.divide_no_nan(covariance, std_outer), -1.0, 1.0
-        )
-        gamma = ops.mean(ops.square(correlation), axis=1)
+        # rho_ij ** 2 = (Cov_ij / std_i / std_j) ** 2, clipped at 1, from
+        # `1 / std` per feature: one fused pass over the `d x d` matrix,
+        # without building `outer(std, std)`. A feature without variance
+        # gets correlations 0, the limit of the formula (its gamma * std is
+        # 0 either way); so does one whose std is below the smallest normal
+        # float32, whose inverse would overflow.
+        inverse = ops.where(std >= _TINY, 1.0 / ops.maximum(std, _TINY), 0.0)
+        correlation = covariance * inverse[:, None] * inverse[None, :]
+        gamma = ops.mean(ops.minimum(ops.square(correlation), 1.0), axis=1)
         a = ops.power(gamma * std + self.epsilon, -self.beta)
         variance = ops.diagonal(covariance)
         total = ops.sum(variance)
@@ -231,72 +234,65 @@ class IsoBatchNormalization(keras.layers.Layer):
         x = ops.cast(ops.stop_gradient(inputs), "float32")
         x = ops.reshape(x, (-1, dim))
         if mask is None:
-            count = ops.cast(ops.shape(x)[0], "float32")
+            rows = ops.cast(ops.shape(x)[0], "float32")
         else:
             weights = ops.reshape(ops.cast(mask, "float32"), (-1, 1))
-            count = ops.sum(weights)
+            rows = ops.sum(weights)
             x = x * weights
-        count, (mean,) = self._batch_means(count, [ops.sum(x, axis=0)])
-        centred = x - mean
+        count, total = self._batch_sum(rows, ops.sum(x, axis=0))
+        centred = x - ops.divide_no_nan(total, count)
         if mask is not None:
             # With 0/1 weights, (w * y)^T (w * y) = sum_k w_k y_k y_k^T.
             centred = centred * weights
-        count, (covariance, variance) = self._batch_means(
-            count,
-            [
-                ops.matmul(ops.transpose(centred), centred),
-                ops.sum(ops.square(centred), axis=0),
-            ],
+        count, squares = self._batch_sum(
+            rows, ops.sum(ops.square(centred), axis=0)
         )
-        std = ops.sqrt(variance)
 
         # Skip the update for a batch with no unmasked position or with a
-        # non-finite value: it must not poison the moving statistics.
-        keep = ops.logical_and(
-            count > 0.0,
-            ops.logical_and(
-                ops.all(ops.isfinite(covariance)), ops.all(ops.isfinite(std))
-            ),
-        )
+        # non-finite value: it must not poison the moving statistics. By
+        # Cauchy-Schwarz, |(Y^T Y)_ij| <= sqrt(S_i S_j) for the sums of
+        # squares S, so checking the `d` sums covers the `d x d` product.
+        # A skipped batch is zeroed before the product, so that the update
+        # below is one expression, `(1 - rate) * moving + rate / n * Y^T Y`.
+        keep = ops.logical_and(count > 0.0, ops.isfinite(ops.sum(squares)))
         rate = ops.where(keep, self.momentum, 0.0)
-        covariance = ops.where(keep, covariance, 0.0)
-        std = ops.where(keep, std, 0.0)
-        self.moving_covariance.assign(
-            self.moving_covariance + rate * (covariance - self.moving_covariance)
+        centred = ops.where(keep, centred, 0.0)
+        squares = ops.where(keep, squares, 0.0)
+        count, product = self._batch_sum(
+            rows, ops.matmul(ops.transpose(centred), centred)
         )
+        self.moving_covariance.assign(
+            (1.0 - rate) * self.moving_covariance
+            + ops.divide_no_nan(rate, count) * product
+        )
+        std = ops.sqrt(ops.divide_no_nan(squares, count))
         self.moving_std.assign(self.moving_std + rate * (std - self.moving_std))
         if self.bias_correction:
             self.moving_weight.assign(
                 self.moving_weight + rate * (1.0 - self.moving_weight)
             )
 
-    def _batch_means(self, count, sums):
-        """Divides sums over the batch by its number of rows.
+    def _batch_sum(self, rows, total):
+        """The batch's number of rows and a sum over them.
 
-        With `synchronized=True` in a `tf.distribute` replica context, the
-        sums and counts are first added up over all replicas (through
-        `keras.ops.moments(..., synchronized=True)`, whose mean over the
-        replicas' rows, taken as a ratio to the count's, is the global
-        one), so the statistics are those of the global batch.
+        With `synchronized=True` in a `tf.distribute` replica context, both
+        are first added up over all replicas (through
+        `keras.ops.moments(..., synchronized=True)`), so that they are those
+        of the global batch, up to a common factor (the number of replicas)
+        that cancels in their ratio, the only thing used.
 
         Returns:
-            A positive number iff the (global) batch has a row, and the
-            list of means.
+            The (global) number of rows, positive iff the batch has a row,
+            and the (global) sum, of the shape of `total`.
         """
         if self.synchronized and keras.backend.backend() == "tensorflow":
             row = ops.concatenate(
-                [ops.reshape(count, (1,))] + [ops.reshape(t, (-1,)) for t in sums]
+                [ops.reshape(rows, (1,)), ops.reshape(total, (-1,))]
             )
+            # The mean over the replicas' rows: the global sums / replicas.
             row, _ = ops.moments(row[None, :], axes=[0], synchronized=True)
-            count, flat = row[0], row[1:]
-            sums, offset = list(sums), 0
-            for i, t in enumerate(sums):
-                size = 1
-                for n in t.shape:
-                    size *= n
-                sums[i] = ops.reshape(flat[offset : offset + size], t.shape)
-                offset += size
-        return count, [ops.divide_no_nan(t, count) for t in sums]
+            return row[0], ops.reshape(row[1:], ops.shape(total))
+        return rows, total
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -47,7 +47,7 @@ def test_layer_cost_writes_every_method_and_mode(suite):
     check_environment(payload)
     keys = {(r["mode"], r["method"], r["dtype"]) for r in payload["results"]}
     for dtype in ("float32", "float16"):
-        for method in layer_cost.METHODS + layer_cost.PROTOTYPES + ("noop",):
+        for method in layer_cost.METHODS + ("noop",):
             assert ("train", method, dtype) in keys
             assert ("inference", method, dtype) in keys
         for piece in layer_cost.PIECES:

@@ -174,6 +174,42 @@ def test_zero_variance_and_tiny_std_dimensions_stay_finite(rng):
     assert scale[0] > scale[3:].max()
 
 
+def test_tiny_stds_keep_their_correlations(rng):
+    # A std of 1e-15 is far from float32's limits: its feature is counted
+    # in the correlated groups exactly as the float64 formula does.
+    x = rng.normal(size=(64, 6)).astype("float32")
+    x[:, 1] = 1e-15 * x[:, 0]  # fully correlated with feature 0
+    x[:, 2] = 1e-12 * (x[:, 0] + x[:, 3])
+    layer = IsoBatchNormalization()
+    reference = NumpyIsoBN(6)
+    for batch in np.split(x, 4):
+        layer(batch, training=True)
+        reference.update(batch)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.scale()), reference.scale(), rtol=1e-4
+    )
+
+
+def test_subnormal_moving_std_gives_a_finite_scale():
+    # A moving std that decayed below the smallest normal float32 (or was
+    # set so) has an inverse that overflows: its correlations count as 0.
+    layer = IsoBatchNormalization()
+    layer.build((None, 3))
+    std = np.array([1.0, 1e-39, 0.5], "float32")
+    covariance = np.outer(std, std).astype("float32")
+    covariance[0, 2] = covariance[2, 0] = 0.25
+    layer.moving_std.assign(std)
+    layer.moving_covariance.assign(covariance)
+    scale = ops.convert_to_numpy(layer.scale())
+    assert np.all(np.isfinite(scale)) and np.all(scale > 0)
+    reference = NumpyIsoBN(3, degenerate_limit=True)
+    reference.std = std.astype(np.float64)
+    reference.std[1] = 0.0
+    reference.covariance = covariance.astype(np.float64)
+    reference.covariance[1, :] = reference.covariance[:, 1] = 0.0
+    np.testing.assert_allclose(scale, reference.scale(), rtol=1e-5)
+
+
 def test_batch_of_one_is_safe(rng):
     layer = IsoBatchNormalization()
     x = rng.normal(size=(1, 8)).astype("float32")
