@@ -258,15 +258,15 @@ def allreduce_floats(head, backend, replicas, hidden_dim):
     Only TensorFlow's synchronized heads all-reduce statistics themselves,
     each through `keras.ops.moments(..., synchronized=True)`, which
     all-reduces the sums, the squared sums and the counts of what it is
-    given: IsoBN gives it `[count, sums]`, then `[count, sums of outer
-    products, sums of squares]`. On JAX the compiler inserts what the
-    global batch needs.
+    given: IsoBN gives it `[count, sums]`, `[count, sums of squares]` and
+    `[count, sums of outer products]`. On JAX the compiler inserts what
+    the global batch needs.
     """
     d = hidden_dim
     if backend != "tensorflow" or replicas == 1 or head[-5:] != "_sync":
         return 0
     if head == "isobn_sync":
-        return 3 * (1 + d) + 3 * (1 + d * d + d)
+        return 3 * (1 + d) + 3 * (1 + d) + 3 * (1 + d * d)
     return 3 * d
 
 

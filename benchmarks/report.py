@@ -405,7 +405,7 @@ def _overhead_status(ratio, control, target):
 
 def _classifier_goal(e2e, layer, results, mode, target, models=None):
     """The goal row of the train-step or inference overhead."""
-    measured, statuses = [], []
+    measured, statuses, over = [], [], []
     for payload in e2e:
         backend = payload["environment"]["backend"]
         for r in payload["results"]:
@@ -423,12 +423,17 @@ def _classifier_goal(e2e, layer, results, mode, target, models=None):
                 + (f" (control {_percent(control['median'])})" if control else "")
                 + (f", layer alone {100 * share:.3f}%" if share else "")
             )
+            if share and share > target:
+                over.append(f"{backend} {r['model']} ({100 * share:.3f}%)")
     if not measured:
         return "not run", "-"
     if "missed" in statuses:
         status = "**missed**"
     elif "not resolved" in statuses:
-        status = "not resolved by the paired timing; met by the layer alone"
+        status = "not resolved by the paired timing; " + (
+            "**missed** by the layer alone on " + ", ".join(over)
+            if over else "met by the layer alone"
+        )
     else:
         status = "met"
     return "; ".join(measured), status
@@ -584,8 +589,9 @@ def render(results, title="keras-isobn benchmarks", others=()):
                 "returns its input), the centred float32 covariance, the "
                 "statistics update (covariance, std, finiteness check, "
                 "moving averages) and the scale from the moving statistics. "
-                "IsoBN's train step is update + scale + `x * scale` + its "
-                "gradient.", "", section_breakdown(layer)]
+                "IsoBN's train step is update + scale (stored in "
+                "`moving_scale`) + `x * scale` + its gradient; its inference "
+                "is `x * moving_scale`.", "", section_breakdown(layer)]
     if results.get("stability"):
         settings = results["stability"][0]["settings"]
         batch = settings["batch_size"]

@@ -77,7 +77,7 @@ def fold_normalization(classifier):
     if layer is None:
         return classifier
     if isinstance(layer, IsoBatchNormalization):
-        scale = _to_float64(layer.scale())
+        scale = _to_float64(layer.moving_scale)  # what inference uses
         shift = np.zeros_like(scale)
     elif isinstance(layer, keras.layers.BatchNormalization):
         variance = _to_float64(layer.moving_variance)

@@ -35,12 +35,15 @@ class IsoBatchNormalization(keras.layers.Layer):
     `s = sqrt(mean(Y ** 2))`. They update the moving statistics,
     `moving_covariance += momentum * (C - moving_covariance)` and likewise
     `moving_std`, and the batch is then normalised with the *updated*
-    moving statistics, exactly as in the authors' implementation. In
-    inference only the moving statistics are used.
+    moving statistics, exactly as in the authors' implementation. Each
+    update also stores the new scale in the non-trainable `moving_scale`,
+    so that inference is a single product, `inputs * moving_scale`, at the
+    cost of `keras.layers.BatchNormalization`'s.
 
-    The moving statistics are non-trainable float32 weights under every
-    dtype policy (`"mixed_float16"` and `"bfloat16"` included), and the
-    computation never yields NaN or Inf from the statistics: a layer that
+    The moving statistics and `moving_scale` are non-trainable float32
+    weights under every dtype policy (`"mixed_float16"` and `"bfloat16"`
+    included), and the computation never yields NaN or Inf from the
+    statistics: a layer that
     has seen no data returns its input unchanged, features with zero
     variance get the limit of the formula (`gamma_i * std_i -> 0`), a batch
     that holds a non-finite value or only masked positions leaves the
@@ -187,6 +190,17 @@ class IsoBatchNormalization(keras.layers.Layer):
                 autocast=False,
                 name="moving_weight",
             )
+        # `scale()` as of the last update, what inference multiplies by.
+        # Created last, so that weights saved before it existed still load
+        # (see `load_own_variables`).
+        self.moving_scale = self.add_weight(
+            shape=(dim,),
+            initializer="ones",
+            dtype="float32",
+            trainable=False,
+            autocast=False,
+            name="moving_scale",
+        )
         self.input_spec = keras.layers.InputSpec(
             min_ndim=2, axes={-1: dim}
         )
@@ -195,11 +209,19 @@ class IsoBatchNormalization(keras.layers.Layer):
     def call(self, inputs, training=None, mask=None):
         if training and self.trainable:
             self._update_moving_statistics(inputs, mask)
-        scale = ops.stop_gradient(self.scale())
+            scale = self.scale()
+            self.moving_scale.assign(scale)
+        else:
+            scale = ops.convert_to_tensor(self.moving_scale)
+        scale = ops.stop_gradient(scale)
         return inputs * ops.cast(scale, inputs.dtype)
 
     def scale(self):
         """The per-feature scale `m * a` from the moving statistics.
+
+        Computed from `moving_covariance` and `moving_std` as they are now;
+        after statistics are assigned by hand, `update_moving_scale()`
+        makes inference use them.
 
         Returns:
             A float32 tensor of shape `(features,)`; all ones while the
@@ -228,6 +250,21 @@ class IsoBatchNormalization(keras.layers.Layer):
         m = ops.sqrt(total / (ops.sum(variance * ops.square(a)) + self.epsilon))
         # No statistics yet (or all zero): leave the inputs unchanged.
         return ops.where(total > 0.0, m * a, ops.ones_like(a))
+
+    def update_moving_scale(self):
+        """Sets `moving_scale`, the scale inference uses, to `scale()`."""
+        self.moving_scale.assign(self.scale())
+
+    def load_own_variables(self, store):
+        # Weights saved before `moving_scale` existed lack it (it is the last
+        # variable): load the statistics and compute it from them.
+        variables = self.trainable_variables + self.non_trainable_variables
+        if len(store.keys()) == len(variables) - 1:
+            for i, variable in enumerate(variables[:-1]):
+                variable.assign(store[str(i)])
+            self.update_moving_scale()
+            return
+        super().load_own_variables(store)
 
     def _update_moving_statistics(self, inputs, mask):
         dim = self.moving_std.shape[0]

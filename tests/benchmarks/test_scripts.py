@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import gpu_check
 from benchmarks import layer_cost
+from benchmarks import report
 from benchmarks import run
 
 BACKEND = keras.backend.backend()
@@ -131,3 +132,32 @@ def test_gpu_check_script_usage_and_bad_folder(tmp_path):
     )
     assert missing.returncode == 2
     assert "SST-2/{train,dev}.tsv not found" in missing.stderr
+
+
+@pytest.mark.parametrize("layer_s, expected", [
+    (5e-5, "met by the layer alone"),
+    (2e-3, "**missed** by the layer alone on jax minilm (0.200%)"),
+])
+def test_report_checks_the_layer_alone_against_the_target(layer_s, expected):
+    # A paired timing inside its noise defers to the layer's own time over
+    # the classifier's step, which must itself be under the target.
+    ratio = {"median": 1.02, "q1": 0.97, "q3": 1.07}
+    e2e = [{
+        "environment": {"backend": "jax"},
+        "results": [{
+            "model": "minilm", "hidden_dim": 8,
+            "inference_ratio_isobn_to_none": ratio,
+            "inference_ratio_control_to_none": ratio,
+            "inference": {"none": {"median_s": 1.0}},
+        }],
+    }]
+    layer_cost = [{
+        "environment": {"backend": "jax"},
+        "results": [{"mode": "inference", "method": "isobn", "dim": 8,
+                     "dtype": "float32", "median_s": layer_s}],
+    }]
+    measured, status = report._classifier_goal(
+        e2e, [], {"layer_cost": layer_cost}, "inference", 0.001
+    )
+    assert status == "not resolved by the paired timing; " + expected
+    assert f"layer alone {100 * layer_s:.3f}%" in measured

@@ -442,6 +442,50 @@ def test_saved_and_reloaded_model_is_identical(rng, tmp_path):
     )
 
 
+def test_inference_multiplies_by_the_scale_of_the_last_update(rng):
+    layer = IsoBatchNormalization()
+    reference = NumpyIsoBN(8)
+    for batch in anisotropic_batches(rng, steps=3, dim=8):
+        layer(batch, training=True)
+        reference.update(batch)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer.moving_scale), reference.scale(), rtol=1e-4
+    )
+    x = rng.normal(size=(5, 8)).astype("float32")
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(layer(x)),
+        x * ops.convert_to_numpy(layer.moving_scale),
+    )
+    # Statistics assigned by hand reach inference once the scale is updated.
+    layer.moving_covariance.assign(np.eye(8, dtype="float32"))
+    layer.moving_std.assign(np.ones(8, "float32"))
+    assert not np.allclose(ops.convert_to_numpy(layer(x)), x)
+    layer.update_moving_scale()
+    np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), x, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_weights_saved_without_moving_scale_still_load(rng, bias_correction):
+    # Layers saved before `moving_scale` existed stored only the statistics.
+    layer = IsoBatchNormalization(bias_correction=bias_correction)
+    for batch in anisotropic_batches(rng, steps=3, dim=8):
+        layer(batch, training=True)
+    old_store = {
+        str(i): ops.convert_to_numpy(v)
+        for i, v in enumerate(layer.non_trainable_variables[:-1])
+    }
+    restored = IsoBatchNormalization(bias_correction=bias_correction)
+    restored.build((None, 8))
+    restored.load_own_variables(old_store)
+    pairs = zip(layer.non_trainable_variables, restored.non_trainable_variables)
+    for a, b in pairs:
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(a), ops.convert_to_numpy(b), rtol=1e-6
+        )
+    with pytest.raises(ValueError):
+        restored.load_own_variables({"0": old_store["0"]})
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -472,7 +516,7 @@ class IsoBatchNormalizationLayerTest(testing.TestCase):
             input_shape=(4, 3),
             expected_output_shape=(4, 3),
             expected_num_trainable_weights=0,
-            expected_num_non_trainable_weights=2,
+            expected_num_non_trainable_weights=3,
             expected_num_seed_generators=0,
             expected_num_losses=0,
             supports_masking=True,
@@ -483,7 +527,7 @@ class IsoBatchNormalizationLayerTest(testing.TestCase):
             input_shape=(2, 5, 3),
             expected_output_shape=(2, 5, 3),
             expected_num_trainable_weights=0,
-            expected_num_non_trainable_weights=3,
+            expected_num_non_trainable_weights=4,
             supports_masking=True,
         )
 

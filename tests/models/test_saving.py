@@ -41,7 +41,7 @@ def test_keras_file_and_preset_round_trips(kind, tmp_path):
         classifier(x, training=True)
     logits = to_numpy(classifier(x, training=False))
     stats = statistics(classifier)
-    assert len(stats) == 3  # covariance, std and the bias-correction weight
+    assert len(stats) == 4  # covariance, std, bias-correction weight, scale
     assert all(np.any(s != 0.0) for s in stats)
 
     classifier.save(tmp_path / "classifier.keras")
