@@ -639,21 +639,22 @@ Why, and what would close the misses:
   of the previous time). What remains: the moving average (three `d x d`
   passes and the variable write) and, in the scale, the two `1 / std`
   products, the square, the clip and the row means. XLA fuses most of
-  them, hence JAX and TensorFlow within 0.4x of the goal; eager
+  them, hence JAX and TensorFlow at 1.4-2.2x (runs on this shared CPU
+  differ by a few tenths; the A/B, interleaved, is the steadier); eager
   PyTorch runs each Keras op as its own kernel with its own `d x d`
   temporary (several dozen op dispatches per step), hence its 5-7x. What would
   close the rest: a GEMM that accumulates into the moving covariance
   (`beta = 1 - rate` in BLAS terms, not expressible in `keras.ops`), and
   on PyTorch a compiled step (`--torch-compile` runs `torch.compile`; not
   used for these numbers).
-- **Inference.** The layer recomputes its scale from the `d x d` moving
-  covariance at every call, hence several to tens of times
-  BatchNormalization as a layer (yet a few hundredths of a percent of a
-  classifier's forward pass, the `layer alone` figures above). Keeping
-  the scale in a `(d,)` non-trainable weight written by each update would
-  make inference `x * scale`, as cheap as BatchNormalization; the export
-  already folds the scale into the classifier kernel, where it costs
-  nothing.
+- **Inference.** Each training update stores the scale in the `(d,)`
+  weight `moving_scale`, so inference is `x * moving_scale`, as cheap as
+  BatchNormalization's inference (*Layer cost*). The `layer alone`
+  inference figures of the goals table use these layer times; the paired
+  classifier timings were measured before this change (the layer then
+  recomputed its scale from the `d x d` moving covariance at every call),
+  and cannot resolve 0.1% anyway. The export folds the scale into the
+  classifier kernel, where it costs nothing.
 - **Whitening.** Full ZCA whitening needs an eigendecomposition of the
   `d x d` covariance and its backward pass every step, IterNorm 15 `d x d x
   d` products and theirs: `O(d^3)` against IsoBN's `O(n d^2)`, so the gap

@@ -8,7 +8,9 @@ step* is the forward pass alone, in training or inference mode.
 Compilation, per backend:
 
 - JAX: `jax.jit` of `layer.stateless_call`; the layer's non-trainable
-  state is carried from call to call outside the layer.
+  state is carried from call to call outside the layer, and donated to
+  each call as Keras's own JAX trainer does (otherwise every call would
+  copy the state, e.g. IsoBN's `d x d` covariance, even in inference).
 - TensorFlow: `tf.function(jit_compile=True)` (XLA), the layer called as
   usual (its variables updated in place).
 - PyTorch: eager by default; `torch.compile` with `compile_torch=True`.
@@ -74,14 +76,14 @@ class LayerStep:
         for variable, value in zip(self.layer.variables, self._initial):
             variable.assign(value)
         if self.backend == "jax":
-            self._state = [v.value for v in self.layer.non_trainable_variables]
+            self._state = _copies(self.layer.non_trainable_variables)
 
     def sync_state(self):
         """Writes the carried state back into the layer (JAX only)."""
         if self.backend == "jax":
-            for variable, value in zip(
-                self.layer.non_trainable_variables, self._state
-            ):
+            # Copies: the carried state is donated to the next call.
+            variables = self.layer.non_trainable_variables
+            for variable, value in zip(variables, _copies_of(self._state)):
                 variable.assign(value)
 
     def _loss(self, outputs):
@@ -92,7 +94,7 @@ class LayerStep:
 
         layer = self.layer
         trainable = [v.value for v in layer.trainable_variables]
-        self._state = [v.value for v in layer.non_trainable_variables]
+        self._state = _copies(layer.non_trainable_variables)
         training = self.mode != "inference"
 
         def forward(state, x):
@@ -117,7 +119,7 @@ class LayerStep:
                 return (outputs,), state
 
         if jit:
-            step = jax.jit(step)
+            step = jax.jit(step, donate_argnums=0)
 
         def function(x):
             outputs, self._state = step(self._state, x)
@@ -213,3 +215,14 @@ def all_finite(tensors):
         bool(np.all(np.isfinite(ops.convert_to_numpy(t).astype("float64"))))
         for t in tensors
     )
+
+
+def _copies(variables):
+    """Copies of the variables' values, safe to donate (JAX)."""
+    return _copies_of([v.value for v in variables])
+
+
+def _copies_of(arrays):
+    import jax.numpy as jnp
+
+    return [jnp.array(a, copy=True) for a in arrays]
