@@ -43,11 +43,10 @@ class IsoBatchNormalization(keras.layers.Layer):
     The moving statistics and `moving_scale` are non-trainable float32
     weights under every dtype policy (`"mixed_float16"` and `"bfloat16"`
     included), and the computation never yields NaN or Inf from the
-    statistics: a layer that
-    has seen no data returns its input unchanged, features with zero
-    variance get the limit of the formula (`gamma_i * std_i -> 0`), a batch
-    that holds a non-finite value or only masked positions leaves the
-    moving statistics as they were.
+    statistics: a layer that has seen no data returns its input unchanged,
+    features with zero variance get the limit of the formula
+    (`gamma_i * std_i -> 0`), a batch that holds a non-finite value or only
+    masked positions leaves the moving statistics as they were.
 
     Args:
         momentum: Float in `(0, 1]`. Weight of the current batch in the

@@ -63,7 +63,7 @@ class IsoBNBertTextClassifier(
         num_classes=2,
     )
     classifier.fit(x=["What a movie!", "A waste of time."], y=[1, 0])
-    classifier.normalization.scale()  # IsoBN's per-feature scale
+    classifier.normalization.moving_scale  # IsoBN's per-feature scale
     ```
     """
 
