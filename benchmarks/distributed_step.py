@@ -34,7 +34,6 @@ python -m benchmarks.distributed_step --quick --output /tmp/b
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -42,6 +41,9 @@ if __package__ in (None, ""):  # `python benchmarks/distributed_step.py`
     sys.path.insert(
         0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     )
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 
@@ -65,56 +67,26 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.distributed_step",
         description=__doc__.split("\n\n")[0],
-        epilog="Writes distributed_step.json and distributed_step.md to "
-        "--output.",
+        epilog="Writes distributed_step.json and .md to --output.",
     )
-    parser.add_argument(
-        "--backend", action="append", choices=BACKENDS + ("all",),
-        help="Keras backend; repeat for several. Defaults to both.",
-    )
-    parser.add_argument(
-        "--output", default=common.RESULTS_DIR,
-        help="Folder for the results. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--devices", type=int, nargs="+", default=[1, 2, 4],
-        help="Numbers of devices (replicas). Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=32,
-        help="Global batch. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--hidden-dim", type=int, default=128,
+    common.add_common_arguments(parser, backends=BACKENDS)
+    add = parser.add_argument
+    add("--devices", type=int, nargs="+", default=[1, 2, 4],
+        help="Numbers of devices (replicas). Defaults to %(default)s.")
+    add("--batch-size", type=int, default=32,
+        help="Global batch. Defaults to %(default)s.")
+    add("--hidden-dim", type=int, default=128,
         help="Hidden size of the classifier (the normalized features). "
-        "Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--sequence-length", type=int, default=64,
-        help="Tokens per example. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--steps", type=int, default=12,
-        help="Steps per timed epoch. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=3,
-        help="Timed epochs per head. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=0,
-        help="CPU threads of the numerical libraries (0: their default). "
-        "Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--quick", action="store_true",
-        help="Tiny sizes: checks that the script runs.",
-    )
-    parser.add_argument(
-        "--markdown", metavar="JSON",
-        help="Only rewrite the Markdown table of an existing JSON file.",
-    )
-    parser.add_argument("--child-output", help=argparse.SUPPRESS)
+        "Defaults to %(default)s.")
+    add("--sequence-length", type=int, default=64,
+        help="Tokens per example. Defaults to %(default)s.")
+    add("--steps", type=int, default=12,
+        help="Steps per timed epoch. Defaults to %(default)s.")
+    add("--rounds", type=int, default=3,
+        help="Timed epochs per head. Defaults to %(default)s.")
+    add("--markdown", metavar="JSON",
+        help="Only rewrite the Markdown table of an existing JSON file.")
+    add("--child-output", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.hidden_dim, args.sequence_length = 16, 8
@@ -128,38 +100,26 @@ def parse_args(argv=None):
     return args
 
 
-class StepTimer:
-    """Times steps of `fit`: the interval between consecutive step ends.
+class StepEnds(keras.callbacks.Callback):
+    """Records when each train step ends, after reading its loss.
 
-    Each step is waited for (its loss read), so with JAX's asynchronous
-    dispatch an interval is one whole step. The first interval of a `fit`
-    call starts before `fit` does its own setup and is left out.
+    Reading the loss waits for the step, so with JAX's asynchronous
+    dispatch the interval between two ends is one whole step. The first
+    step of a `fit` call, which includes `fit`'s own setup, ends the first
+    interval and starts none.
     """
 
     def __init__(self):
-        import keras
-
-        timer = self
-
-        class Callback(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                timer.last = None
-
-            def on_train_batch_end(self, batch, logs=None):
-                float(logs["loss"])
-                now = time.perf_counter()
-                if timer.last is not None:
-                    timer.times.append(now - timer.last)
-                timer.last = now
-
-        self.callback = Callback()
+        super().__init__()
         self.times = []
-        self.last = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        float(logs["loss"])
+        self.times.append(time.perf_counter())
 
 
 def build(head, args):
     """The classifier with `head` (built and compiled in the scope)."""
-    import keras
     import keras_hub
 
     from keras_isobn import distribution
@@ -187,8 +147,7 @@ def build(head, args):
 
 
 def data(args):
-    import numpy as np
-
+    """Random token ids and labels for `args.steps` global batches."""
     rng = np.random.default_rng(0)
     n = args.batch_size * args.steps
     length = args.sequence_length
@@ -206,49 +165,50 @@ def data(args):
 
 
 def measure(args):
-    """One backend, one number of devices: every head, in alternation."""
-    from keras_isobn import distribution
+    """One backend, one number of devices: every head, in alternation.
 
-    import keras
+    Each head fits one untimed epoch first (compilation), then
+    `args.rounds` epochs, the heads in turn.
+    """
+    from keras_isobn import distribution
 
     # Splits the CPU (harmless where accelerators are used instead).
     distribution.virtual_cpu_devices(args.devices[0])
     devices = keras.distribution.list_devices()[: args.devices[0]]
     backend = keras.backend.backend()
-    heads = HEADS[backend]
     x, y = data(args)
-    timers, models, compile_s = {}, {}, {}
+
+    def epoch(model):
+        def run(_):
+            ends = StepEnds()
+            model.fit(
+                x,
+                y,
+                batch_size=args.batch_size,
+                shuffle=False,
+                verbose=0,
+                callbacks=[ends],
+            )
+            return np.diff(ends.times)
+
+        return run
+
     with distribution.data_parallel_scope(devices=devices) as replicas:
-        for head in heads:
-            models[head] = build(head, args)
-            timers[head] = StepTimer()
-            start = time.perf_counter()
-            models[head].fit(
-                x, y, batch_size=args.batch_size, shuffle=False, verbose=0
-            )
-            compile_s[head] = time.perf_counter() - start
-        for r in range(args.rounds):
-            order = heads[r % len(heads) :] + heads[: r % len(heads)]
-            for head in order:
-                models[head].fit(
-                    x,
-                    y,
-                    batch_size=args.batch_size,
-                    shuffle=False,
-                    verbose=0,
-                    callbacks=[timers[head].callback],
-                )
-    results = []
-    for head in heads:
-        results.append(
-            dict(
-                common.summarize(timers[head].times),
-                backend=backend,
-                devices=replicas,
-                head=head,
-                first_epoch_s=compile_s[head],
-            )
+        models = {head: build(head, args) for head in HEADS[backend]}
+        timed = common.alternate(
+            {head: epoch(model) for head, model in models.items()},
+            args.rounds,
         )
+    results = [
+        dict(
+            common.summarize(np.concatenate(t["outputs"])),
+            backend=backend,
+            devices=replicas,
+            head=head,
+            first_epoch_s=t["compile_s"],
+        )
+        for head, t in timed.items()
+    ]
     return {"environment": common.environment(), "results": results}
 
 
@@ -283,22 +243,8 @@ def run_child(backend, devices, args):
         "--steps", str(args.steps), "--rounds", str(args.rounds),
         "--threads", str(args.threads),
     ]
-    env = dict(os.environ, KERAS_BACKEND=backend)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env.update(common.thread_environment(args.threads))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [common.REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]
-    )
-    command = [sys.executable, "-m", "benchmarks.distributed_step", *argv]
-    print(f"[distributed_step] {backend}, {devices} device(s)", flush=True)
-    done = subprocess.run(command, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"distributed_step failed on {backend} with {devices} devices "
-            f"(exit code {done.returncode}); rerun `python -m "
-            f"benchmarks.distributed_step --backend {backend} --devices "
-            f"{devices}` to see why."
-        )
+    module = "benchmarks.distributed_step"
+    common.run_module(module, argv, backend, args.threads)
     with open(path) as f:
         result = json.load(f)
     os.remove(path)
@@ -366,11 +312,9 @@ def main(argv=None):
     if args.markdown:
         with open(args.markdown) as f:
             return write_markdown(json.load(f), args.markdown)
-    names = args.backend or ["all"]
-    backends = [b for b in BACKENDS if b in names or "all" in names]
     runs = [
         run_child(backend, devices, args)
-        for backend in backends
+        for backend in common.selected_backends(args, BACKENDS)
         for devices in args.devices
     ]
     command = ["python -m benchmarks.distributed_step"]

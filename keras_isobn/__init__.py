@@ -1,14 +1,39 @@
-"""keras-isobn: Isotropic Batch Normalization (IsoBN) for Keras 3."""
+"""keras-isobn: Isotropic Batch Normalization (IsoBN) for Keras 3.
 
-from keras_isobn import isotropy
-from keras_isobn import models
-from keras_isobn import plots
+`import keras_isobn` loads Keras and NumPy only. The submodules that need
+more (`models` and `export`: KerasHub and TensorFlow; `glue`: TFDS, SciPy
+and scikit-learn when used; `plots`: matplotlib) load on first access, e.g.
+`keras_isobn.models` or `from keras_isobn import glue`.
+"""
+
+import importlib
+
+from keras_isobn import optimizers  # Registers the schedule saved models use.
 from keras_isobn.callbacks import EVkCallback
-from keras_isobn.isotropy import clustered_correlation
-from keras_isobn.isotropy import explained_variance
-from keras_isobn.isotropy import feature_std
-from keras_isobn.isotropy import logit_variance_share
-from keras_isobn.isotropy import optimal_logit_variance_share
 from keras_isobn.layers import IsoBatchNormalization
 
 __version__ = "0.1.0"
+
+_SUBMODULES = (
+    "callbacks",
+    "distribution",
+    "export",
+    "glue",
+    "isotropy",
+    "layers",
+    "models",
+    "optimizers",
+    "plots",
+    "resume",
+)
+__all__ = ["EVkCallback", "IsoBatchNormalization", *_SUBMODULES]
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__ + ["__version__"])

@@ -1,4 +1,4 @@
-"""A callback recording EV_k of the embeddings around a layer during `fit`."""
+"""Callbacks for fine-tuning: EV_k around a layer, metrics on a whole set."""
 
 import sys
 
@@ -32,12 +32,12 @@ class EVkCallback(keras.callbacks.Callback):
 
     The layer may sit in the model's own functional graph (e.g. the
     normalization of a KerasHub task head) or inside functional models
-    nested in it (e.g. `"transformer_layer_0"` of a KerasHub backbone). It
-    must be called once in its graph, and the embeddings entering it are its
-    first positional argument. Embeddings of rank 3, `(batch, sequence,
-    features)`, count one row per position; when the inputs hold a
-    `"padding_mask"` of shape `(batch, sequence)`, padded positions are left
-    out.
+    nested in it and called on its inputs (e.g. `"transformer_layer_0"` of a
+    KerasHub backbone). Its first call is probed, and the embeddings
+    entering it are its first positional argument. Embeddings of rank 3,
+    `(batch, sequence, features)`, count one row per position; when the
+    inputs hold a `"padding_mask"` of shape `(batch, sequence)`, padded
+    positions are left out.
 
     On the JAX backend, `fit` holds the variables in its own state and
     writes them back to the model at the end of each epoch, before
@@ -185,11 +185,7 @@ class EVkCallback(keras.callbacks.Callback):
         # evenly across data-parallel devices.
         size = len(keras.tree.flatten(inputs)[0])
         padded = keras.tree.map_structure(
-            lambda array: np.resize(
-                array,
-                (size + (-size) % self.batch_size,) + array.shape[1:],
-            ),
-            inputs,
+            lambda array: _pad_rows(array, self.batch_size), inputs
         )
         embeddings = probe.predict(
             padded, batch_size=self.batch_size, verbose=0
@@ -255,8 +251,8 @@ class EVkCallback(keras.callbacks.Callback):
 
     def _get_probe_model(self, model):
         if self._probe_for is not model:
-            self._probed_layer, path = self._find_layer(model)
-            self._probe_model = _probe_model(path, self._probed_layer)
+            self._probed_layer = self._find_layer(model)
+            self._probe_model = _probe_model(model, self._probed_layer)
             self._probe_for = model
         return self._probe_model
 
@@ -264,8 +260,8 @@ class EVkCallback(keras.callbacks.Callback):
         found = list(_walk(model))
         if self.layer is None:
             matches = [
-                (layer, path)
-                for layer, path in found
+                layer
+                for layer in found
                 if isinstance(layer, IsoBatchNormalization)
             ]
             if not matches:
@@ -276,9 +272,9 @@ class EVkCallback(keras.callbacks.Callback):
                 )
             what = "IsoBatchNormalization layers"
         elif isinstance(self.layer, str):
-            matches = [(l, p) for l, p in found if l.name == self.layer]
+            matches = [layer for layer in found if layer.name == self.layer]
             if not matches:
-                names = ", ".join(repr(layer.name) for layer, _ in found)
+                names = ", ".join(repr(layer.name) for layer in found)
                 raise ValueError(
                     f"Model '{model.name}' has no layer named "
                     f"'{self.layer}' (nested models included). Its layers "
@@ -286,7 +282,7 @@ class EVkCallback(keras.callbacks.Callback):
                 )
             what = f"layers named '{self.layer}'"
         else:
-            matches = [(l, p) for l, p in found if l is self.layer]
+            matches = [layer for layer in found if layer is self.layer]
             if not matches:
                 raise ValueError(
                     f"Layer '{self.layer.name}' is not part of model "
@@ -294,10 +290,7 @@ class EVkCallback(keras.callbacks.Callback):
                 )
             what = "copies of the layer"
         if len(matches) > 1:
-            paths = ", ".join(
-                "/".join(m.name for m in path + [layer])
-                for layer, path in matches
-            )
+            paths = ", ".join(layer.path for layer in matches)
             raise ValueError(
                 f"Model '{model.name}' has {len(matches)} {what} ({paths}). "
                 "Pass `layer=` with one layer instance to measure."
@@ -311,6 +304,93 @@ class EVkCallback(keras.callbacks.Callback):
         return self._inputs
 
 
+class WholeSetMetrics(keras.callbacks.Callback):
+    """Puts metrics computed on a whole evaluation set in `logs` each epoch.
+
+    At every epoch end the callback predicts all of `x` and calls
+    `metric_fn(y, predictions)`, so metrics that do not average over
+    batches (Matthews or Pearson correlation, F1) are exact. The values go
+    to `logs` as `f"{prefix}{name}"` (e.g. `"val_pearson"`), where
+    `ModelCheckpoint`, `EarlyStopping`, `CSVLogger`, `TensorBoard` and
+    `History` see them if they come after this callback in `callbacks`.
+
+    Every batch is full: `x` is padded to a multiple of `batch_size` by
+    repeating its first examples, whose predictions are dropped. So one
+    compiled step serves every batch, and the batches split evenly across
+    data-parallel replicas.
+
+    Args:
+        x: The model inputs: a NumPy array or a dict or tuple of them (e.g.
+            token ids, preprocessed once rather than at every epoch).
+        y: The labels, as `metric_fn` takes them.
+        metric_fn: Callable `(y, predictions) -> dict` of metric name to
+            float; e.g. `functools.partial(keras_isobn.glue.compute_metrics,
+            "stsb")`.
+        batch_size: Integer `>= 1`, the prediction batch size. Defaults to
+            `32`.
+        prefix: String starting the keys in `logs`. Defaults to `"val_"`.
+
+    Attributes:
+        predictions: NumPy float32 array, the predictions of the last
+            evaluation (one row per example of `x`).
+
+    Example:
+
+    ```python
+    dev = WholeSetMetrics(
+        dev_inputs, dev_labels,
+        functools.partial(keras_isobn.glue.compute_metrics, "cola"),
+    )
+    model.fit(train_ds, epochs=3, callbacks=[dev])  # logs "val_mcc"
+    ```
+    """
+
+    def __init__(self, x, y, metric_fn, batch_size=32, prefix="val_"):
+        super().__init__()
+        if not _is_positive_int(batch_size):
+            raise ValueError(
+                f"`batch_size` must be an integer >= 1. Received: "
+                f"batch_size={batch_size!r}"
+            )
+        self.size = len(keras.tree.flatten(x)[0])
+        self.x = keras.tree.map_structure(
+            lambda array: _pad_rows(np.asarray(array), batch_size), x
+        )
+        self.y = y
+        self.metric_fn = metric_fn
+        self.batch_size = int(batch_size)
+        self.prefix = prefix
+        self.predictions = None
+
+    def evaluate(self, model=None):
+        """Predicts the whole set and returns its metrics, by log key.
+
+        Args:
+            model: The model to evaluate. Defaults to the model the
+                callback is attached to.
+
+        Returns:
+            A dict of `f"{prefix}{name}"` to float.
+        """
+        model = self.model if model is None else model
+        predictions = model.predict(
+            self.x, batch_size=self.batch_size, verbose=0
+        )
+        self.predictions = np.asarray(predictions, "float32")[: self.size]
+        scores = self.metric_fn(self.y, self.predictions)
+        return {self.prefix + name: value for name, value in scores.items()}
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self.evaluate())
+
+
+def _pad_rows(array, multiple):
+    """`array` with its first rows repeated to a multiple of `multiple`."""
+    size = len(array)
+    return np.resize(array, (size + (-size) % multiple,) + array.shape[1:])
+
+
 def _is_positive_int(value):
     return (
         isinstance(value, (int, np.integer))
@@ -319,52 +399,45 @@ def _is_positive_int(value):
     )
 
 
-def _walk(model, path=()):
-    """Yields `(layer, [models from `model` down to the layer's owner])`."""
-    path = list(path) + [model]
+def _walk(model):
+    """Yields the layers of `model` and of the models nested in it."""
     for layer in model.layers:
-        yield layer, path
+        yield layer
         if isinstance(layer, keras.Model):
-            yield from _walk(layer, path)
+            yield from _walk(layer)
 
 
-def _call_node(layer, owner):
-    nodes = layer._inbound_nodes
-    if len(nodes) != 1:
+def _probe_model(model, layer):
+    """A functional model from `model`'s inputs to `layer`'s in/outputs.
+
+    `layer.input` and `layer.output` are those of the layer's first call.
+    A layer inside a nested model connects to the outer inputs when the
+    nested model is called on them, as KerasHub tasks call their backbone
+    (`inputs = backbone.input`).
+    """
+    try:
+        embeddings = keras.tree.flatten(layer.input)[0]
+        outputs = keras.tree.flatten(layer.output)
+    except (AttributeError, ValueError) as error:
         raise ValueError(
-            f"Layer '{layer.name}' of model '{owner.name}' is called "
-            f"{len(nodes)} times in its graph; EVkCallback needs a layer "
-            "called exactly once."
-        )
-    return nodes[0]
-
-
-def _probe_model(path, layer):
-    """A functional model from `path[0]`'s inputs to `layer`'s in/outputs."""
-    owner = path[-1]
-    node = _call_node(layer, owner)
-    if not node.arguments.args or len(node.outputs) != 1:
+            f"Layer '{layer.name}' has not been called in a functional "
+            f"graph: EVkCallback needs it in one. ({error})"
+        ) from error
+    if len(outputs) != 1:
         raise ValueError(
             f"Layer '{layer.name}' must take the embeddings as its first "
             "positional argument and return one tensor."
         )
-    tensors = [node.arguments.args[0], node.outputs[0]]
     try:
-        # Wrap the tensors of each nested model into a model from its inputs
-        # and call that on the tensors the nested model was called on in the
-        # graph around it, up to the outermost model.
-        for outer, inner in zip(path[-2::-1], path[:0:-1]):
-            inner_node = _call_node(inner, outer)
-            tensors = keras.Model(inner.input, tensors)(
-                *inner_node.arguments.args, **inner_node.arguments.kwargs
-            )
-        return keras.Model(path[0].input, tensors, name=f"{layer.name}_probe")
+        return keras.Model(
+            model.input, [embeddings, outputs[0]], name=f"{layer.name}_probe"
+        )
     except Exception as error:
         raise ValueError(
             f"Cannot connect layer '{layer.name}' to the inputs of model "
-            f"'{path[0].name}': EVkCallback needs the layer in a functional "
-            "model, or in functional models nested in one. "
-            f"({type(error).__name__}: {error})"
+            f"'{model.name}': EVkCallback needs the layer in a functional "
+            "model, or in functional models nested in it and called on its "
+            f"inputs. ({type(error).__name__}: {error})"
         ) from error
 
 
@@ -398,19 +471,14 @@ def _preprocess(model, x, batch_size):
             "preprocessor, or pass the model's numeric inputs (e.g. token "
             "ids)."
         )
-    size = len(keras.tree.flatten(x)[0])
-    for start in range(0, size, batch_size):
-        batch = keras.tree.map_structure(
-            lambda array: array[start : start + batch_size], x
-        )
-        if hasattr(model, "preprocess_samples"):  # A KerasHub task.
-            outputs = model.preprocess_samples(batch)
-        else:
-            outputs = model.preprocessor(batch)
-        yield keras.tree.map_structure(
-            lambda tensor: np.asarray(keras.ops.convert_to_numpy(tensor)),
-            outputs,
-        )
+    # KerasHub preprocesses raw strings in tf.data (some tokenizers take
+    # no NumPy strings outside it).
+    import tensorflow as tf
+
+    preprocess = getattr(model, "preprocess_samples", model.preprocessor)
+    # `(x,)`: a pair `(first, second)` is one `x`, not `(x, y)`.
+    batches = tf.data.Dataset.from_tensor_slices((x,)).batch(batch_size)
+    yield from batches.map(preprocess).as_numpy_iterator()
 
 
 def _as_arrays(x):

@@ -74,8 +74,9 @@ def data_parallel_scope(kind="data_parallel", devices=None):
     ```python
     with keras_isobn.distribution.data_parallel_scope() as replicas:
         classifier = keras_isobn.models.IsoBNBertTextClassifier.from_preset(
-            "bert_base_en_uncased", num_classes=2, synchronized=True
+            "bert_base_en_uncased", num_classes=2
         )
+        keras_isobn.distribution.synchronize_statistics(classifier)
         classifier.compile(...)
         classifier.fit(x, y, batch_size=32 * replicas)
     ```
@@ -121,8 +122,8 @@ def synchronize_statistics(model):
     traced with). Outside a strategy the statistics are unchanged.
 
     On JAX this does nothing (`keras.distribution` computes the global
-    batch's statistics already). Only the layers change: a model rebuilt
-    from its config (e.g. a reloaded classifier) is unsynchronized again.
+    batch's statistics already). The option is in each layer's config, so a
+    model rebuilt from its config (e.g. reloaded) keeps it.
 
     Args:
         model: A Keras model or layer.
@@ -148,7 +149,7 @@ def synchronize_statistics(model):
         )
     layers = [
         layer
-        for layer in model._flatten_layers(include_self=True)
+        for layer in _layers_of(model)
         if isinstance(
             layer, (IsoBatchNormalization, keras.layers.BatchNormalization)
         )
@@ -156,6 +157,19 @@ def synchronize_statistics(model):
     for layer in layers:
         layer.synchronized = True
     return layers
+
+
+def _layers_of(layer):
+    """`layer` and, for a model, the layers of it and of nested models.
+
+    Keras has no public walk into the sublayers of a plain `Layer`; models
+    (functional models, KerasHub tasks and backbones) list theirs in
+    `layers`, which is where normalizations sit.
+    """
+    yield layer
+    if isinstance(layer, keras.Model):
+        for sublayer in layer.layers:
+            yield from _layers_of(sublayer)
 
 
 def virtual_cpu_devices(count):

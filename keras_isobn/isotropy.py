@@ -7,9 +7,6 @@ NumPy arrays or Python floats.
 
 import keras
 import numpy as np
-from scipy.cluster import hierarchy
-from scipy.spatial import distance
-from sklearn.linear_model import LogisticRegression
 
 
 def explained_variance(x, k=3):
@@ -129,6 +126,9 @@ def clustered_correlation(x, method="average"):
     correlation = _correlation(x)
     if x.shape[1] == 1:
         return correlation, np.zeros(1, dtype=int)
+    from scipy.cluster import hierarchy
+    from scipy.spatial import distance
+
     dissimilarity = distance.squareform(
         1.0 - np.abs(correlation), checks=False
     )
@@ -233,6 +233,8 @@ def optimal_logit_variance_share(x, labels, **kwargs):
             "`labels` must hold at least two classes to fit a classifier."
         )
     kwargs.setdefault("max_iter", 1000)
+    from sklearn.linear_model import LogisticRegression
+
     classifier = LogisticRegression(**kwargs).fit(x, labels)
     return logit_variance_share(x, classifier.coef_.T)
 

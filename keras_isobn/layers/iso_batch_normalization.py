@@ -190,8 +190,6 @@ class IsoBatchNormalization(keras.layers.Layer):
                 name="moving_weight",
             )
         # `scale()` as of the last update, what inference multiplies by.
-        # Created last, so that weights saved before it existed still load
-        # (see `load_own_variables`).
         self.moving_scale = self.add_weight(
             shape=(dim,),
             initializer="ones",
@@ -253,17 +251,6 @@ class IsoBatchNormalization(keras.layers.Layer):
     def update_moving_scale(self):
         """Sets `moving_scale`, the scale inference uses, to `scale()`."""
         self.moving_scale.assign(self.scale())
-
-    def load_own_variables(self, store):
-        # Weights saved before `moving_scale` existed lack it (it is the last
-        # variable): load the statistics and compute it from them.
-        variables = self.trainable_variables + self.non_trainable_variables
-        if len(store.keys()) == len(variables) - 1:
-            for i, variable in enumerate(variables[:-1]):
-                variable.assign(store[str(i)])
-            self.update_moving_scale()
-            return
-        super().load_own_variables(store)
 
     def _update_moving_statistics(self, inputs, mask):
         dim = self.moving_std.shape[0]

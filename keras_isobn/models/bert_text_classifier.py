@@ -3,33 +3,23 @@
 import keras
 import keras_hub
 
-from keras_isobn.models.text_classifier_head import IsoBNHeadMixin
+from keras_isobn.models.pooled_normalization import get_pooled_normalization
+from keras_isobn.models.text_classifier import IsoBNTextClassifier
 
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
-class IsoBNBertTextClassifier(
-    IsoBNHeadMixin, keras_hub.models.BertTextClassifier
-):
-    """A KerasHub BERT classifier with IsoBN on the pooled output.
+class IsoBNBertTextClassifier(IsoBNTextClassifier):
+    """`keras_hub.models.BertTextClassifier` with IsoBN on the pooled output.
 
-    A `keras_hub.models.BertTextClassifier` whose head is, as in the IsoBN
-    authors' code,
+    KerasHub's BERT classifier (same arguments, layers and layer names)
+    with a normalization before the dropout, as in the IsoBN authors' code:
 
     ```
     pooled_output -> pooled_normalization -> classifier_dropout -> logits
     ```
 
-    with `pooled_normalization` a `keras_isobn.IsoBatchNormalization`
-    (`normalization="isobn"`), a `keras.layers.BatchNormalization` (the
-    paper's baseline, `normalization="batchnorm"`) or nothing
-    (`normalization=None`, plain fine-tuning). The layer is
-    `classifier.normalization`.
-
-    `from_preset()` takes every preset name, Kaggle or Hugging Face handle
-    and local directory that `BertTextClassifier.from_preset()` takes, and
-    attaches the preprocessor, so `fit()`/`predict()` take raw strings or
-    `(first, second)` pairs of strings. `num_classes=1` gives a regression
-    head (compiled with a mean squared error loss by default).
+    See `keras_isobn.models.IsoBNTextClassifier` for what all the IsoBN
+    classifiers share (presets, regression heads, saving).
 
     Args:
         backbone: A `keras_hub.models.BertBackbone` instance.
@@ -41,18 +31,9 @@ class IsoBNBertTextClassifier(
             outputs (`"softmax"` for probabilities). Defaults to `None`.
         dropout: float. The dropout rate before the logits. Defaults to
             `0.1`.
-        normalization: `"isobn"` (the default), `"batchnorm"` or `None`.
-        momentum: Float in `(0, 1]`, the weight of each new batch in the
-            moving statistics of the normalization. Defaults to `0.05`.
-        epsilon: Float `> 0`, the normalization's epsilon. Defaults to
-            `1e-3`.
-        beta: Float `>= 0`, IsoBN's strength. Defaults to `0.5`.
-        bias_correction: Boolean, IsoBN's bias correction of its moving
-            statistics. Defaults to `False` (the paper's behaviour).
-        synchronized: Boolean. Under a `tf.distribute` strategy (TensorFlow),
-            all-reduce the normalization's batch statistics across replicas
-            so they are the global batch's. Defaults to `False` (each
-            replica's own). JAX's `keras.distribution` needs no option.
+        normalization: `"isobn"` (the default), `"batchnorm"`, `None`, or a
+            layer or layer config (see
+            `keras_isobn.models.get_pooled_normalization`).
         **kwargs: Task keyword arguments, such as `name` and `compile`.
 
     Example:
@@ -61,11 +42,14 @@ class IsoBNBertTextClassifier(
     classifier = keras_isobn.models.IsoBNBertTextClassifier.from_preset(
         "bert_base_en_uncased",  # or a local directory
         num_classes=2,
+        normalization=keras_isobn.IsoBatchNormalization(beta=0.75),
     )
     classifier.fit(x=["What a movie!", "A waste of time."], y=[1, 0])
-    classifier.normalization.moving_scale  # IsoBN's per-feature scale
     ```
     """
+
+    backbone_cls = keras_hub.models.BertBackbone
+    preprocessor_cls = keras_hub.models.BertTextClassifierPreprocessor
 
     def __init__(
         self,
@@ -75,33 +59,39 @@ class IsoBNBertTextClassifier(
         activation=None,
         dropout=0.1,
         normalization="isobn",
-        momentum=0.05,
-        epsilon=1e-3,
-        beta=0.5,
-        bias_correction=False,
-        synchronized=False,
         **kwargs,
     ):
+        # === Config ===
+        # Set first: `super().__init__()` compiles with defaults that depend
+        # on them (a regression loss for `num_classes=1`).
+        self.num_classes = num_classes
+        self.activation = keras.activations.get(activation)
+        self.dropout = dropout
+
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
+        self.normalization = get_pooled_normalization(
+            normalization, dtype=backbone.dtype_policy
+        )
+        self.output_dropout = keras.layers.Dropout(
+            dropout,
+            dtype=backbone.dtype_policy,
+            name="classifier_dropout",
+        )
+        self.output_dense = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            activation=activation,
+            dtype=backbone.dtype_policy,
+            name="logits",
+        )
 
         # === Functional Model ===
         inputs = backbone.input
-        outputs = self.build_head(
-            backbone(inputs)["pooled_output"],
-            num_classes=num_classes,
-            activation=activation,
-            dropout=dropout,
-            normalization=normalization,
-            momentum=momentum,
-            epsilon=epsilon,
-            beta=beta,
-            bias_correction=bias_correction,
-            synchronized=synchronized,
-            output_dropout_name="classifier_dropout",
-        )
-        # Skip `BertTextClassifier.__init__`, which builds its own head.
-        super(keras_hub.models.BertTextClassifier, self).__init__(
-            inputs=inputs, outputs=outputs, **kwargs
-        )
+        pooled = backbone(inputs)["pooled_output"]
+        if self.normalization is not None:
+            pooled = self.normalization(pooled)
+        pooled = self.output_dropout(pooled)
+        outputs = self.output_dense(pooled)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)

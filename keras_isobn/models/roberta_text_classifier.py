@@ -3,34 +3,25 @@
 import keras
 import keras_hub
 
-from keras_isobn.models.text_classifier_head import IsoBNHeadMixin
+from keras_isobn.models.pooled_normalization import get_pooled_normalization
+from keras_isobn.models.text_classifier import IsoBNTextClassifier
 
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
-class IsoBNRobertaTextClassifier(
-    IsoBNHeadMixin, keras_hub.models.RobertaTextClassifier
-):
-    """A KerasHub RoBERTa classifier with IsoBN in its classification head.
+class IsoBNRobertaTextClassifier(IsoBNTextClassifier):
+    """`keras_hub.models.RobertaTextClassifier` with IsoBN in its head.
 
-    A `keras_hub.models.RobertaTextClassifier` whose head is, as in the
-    IsoBN authors' code,
+    KerasHub's RoBERTa classifier (same arguments, layers and layer names)
+    with a normalization after the tanh dense layer, as in the IsoBN
+    authors' code:
 
     ```
     start token -> pooled_dropout -> pooled_dense (tanh)
                 -> pooled_normalization -> output_dropout -> logits
     ```
 
-    with `pooled_normalization` a `keras_isobn.IsoBatchNormalization`
-    (`normalization="isobn"`), a `keras.layers.BatchNormalization` (the
-    paper's baseline, `normalization="batchnorm"`) or nothing
-    (`normalization=None`, plain fine-tuning). The layer is
-    `classifier.normalization`.
-
-    `from_preset()` takes every preset name, Kaggle or Hugging Face handle
-    and local directory that `RobertaTextClassifier.from_preset()` takes,
-    and attaches the preprocessor, so `fit()`/`predict()` take raw strings
-    or `(first, second)` pairs of strings. `num_classes=1` gives a
-    regression head (compiled with a mean squared error loss by default).
+    See `keras_isobn.models.IsoBNTextClassifier` for what all the IsoBN
+    classifiers share (presets, regression heads, saving).
 
     Args:
         backbone: A `keras_hub.models.RobertaBackbone` instance.
@@ -46,18 +37,9 @@ class IsoBNRobertaTextClassifier(
             the logits. Defaults to `0.1`, as in the Hugging Face RoBERTa
             classification head the authors fine-tuned (KerasHub's
             `RobertaTextClassifier` defaults to `0.0`).
-        normalization: `"isobn"` (the default), `"batchnorm"` or `None`.
-        momentum: Float in `(0, 1]`, the weight of each new batch in the
-            moving statistics of the normalization. Defaults to `0.05`.
-        epsilon: Float `> 0`, the normalization's epsilon. Defaults to
-            `1e-3`.
-        beta: Float `>= 0`, IsoBN's strength. Defaults to `0.5`.
-        bias_correction: Boolean, IsoBN's bias correction of its moving
-            statistics. Defaults to `False` (the paper's behaviour).
-        synchronized: Boolean. Under a `tf.distribute` strategy (TensorFlow),
-            all-reduce the normalization's batch statistics across replicas
-            so they are the global batch's. Defaults to `False` (each
-            replica's own). JAX's `keras.distribution` needs no option.
+        normalization: `"isobn"` (the default), `"batchnorm"`, `None`, or a
+            layer or layer config (see
+            `keras_isobn.models.get_pooled_normalization`).
         **kwargs: Task keyword arguments, such as `name` and `compile`.
 
     Example:
@@ -71,6 +53,9 @@ class IsoBNRobertaTextClassifier(
     ```
     """
 
+    backbone_cls = keras_hub.models.RobertaBackbone
+    preprocessor_cls = keras_hub.models.RobertaTextClassifierPreprocessor
+
     def __init__(
         self,
         backbone,
@@ -80,36 +65,58 @@ class IsoBNRobertaTextClassifier(
         hidden_dim=None,
         dropout=0.1,
         normalization="isobn",
-        momentum=0.05,
-        epsilon=1e-3,
-        beta=0.5,
-        bias_correction=False,
-        synchronized=False,
         **kwargs,
     ):
+        # === Config ===
+        # Set first: `super().__init__()` compiles with defaults that depend
+        # on them (a regression loss for `num_classes=1`).
+        self.num_classes = num_classes
+        self.activation = keras.activations.get(activation)
+        self.hidden_dim = hidden_dim or backbone.hidden_dim
+        self.dropout = dropout
+
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
-        self.hidden_dim = hidden_dim or backbone.hidden_dim
+        self.pooled_dropout = keras.layers.Dropout(
+            dropout,
+            dtype=backbone.dtype_policy,
+            name="pooled_dropout",
+        )
+        self.pooled_dense = keras.layers.Dense(
+            self.hidden_dim,
+            activation="tanh",
+            dtype=backbone.dtype_policy,
+            name="pooled_dense",
+        )
+        self.normalization = get_pooled_normalization(
+            normalization, dtype=backbone.dtype_policy
+        )
+        self.output_dropout = keras.layers.Dropout(
+            dropout,
+            dtype=backbone.dtype_policy,
+            name="output_dropout",
+        )
+        self.output_dense = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            activation=activation,
+            dtype=backbone.dtype_policy,
+            name="logits",
+        )
 
         # === Functional Model ===
         inputs = backbone.input
-        outputs = self.build_head(
-            backbone(inputs)[:, backbone.start_token_index, :],
-            num_classes=num_classes,
-            activation=activation,
-            dropout=dropout,
-            normalization=normalization,
-            momentum=momentum,
-            epsilon=epsilon,
-            beta=beta,
-            bias_correction=bias_correction,
-            synchronized=synchronized,
-            hidden_dim=self.hidden_dim,
-            hidden_activation="tanh",
-            output_dropout_name="output_dropout",
-        )
-        # Skip `RobertaTextClassifier.__init__`, which builds its own head.
-        super(keras_hub.models.RobertaTextClassifier, self).__init__(
-            inputs=inputs, outputs=outputs, **kwargs
-        )
+        x = backbone(inputs)[:, backbone.start_token_index, :]
+        x = self.pooled_dropout(x)
+        x = self.pooled_dense(x)
+        if self.normalization is not None:
+            x = self.normalization(x)
+        x = self.output_dropout(x)
+        outputs = self.output_dense(x)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"hidden_dim": self.hidden_dim})
+        return config

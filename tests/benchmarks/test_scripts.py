@@ -8,7 +8,10 @@ import subprocess
 import keras
 import pytest
 
+from benchmarks import distributed_step
 from benchmarks import gpu_check
+from benchmarks import import_cost
+from benchmarks import isotropy_minilm
 from benchmarks import layer_cost
 from benchmarks import report
 from benchmarks import run
@@ -88,15 +91,76 @@ def test_end_to_end_compares_isobn_none_and_folded(suite):
     assert 0 < result["analytic"]["share"] < 1
 
 
+def test_import_cost_compares_keras_and_keras_isobn(suite):
+    with open(os.path.join(suite[0], "import_cost_quick.json")) as f:
+        payload = json.load(f)
+    assert "backend" not in payload["environment"]  # Measured in children.
+    assert payload["environment"]["versions"]["keras"] == keras.__version__
+    (result,) = payload["results"]
+    assert result["backend"] == BACKEND
+    statements = result["statements"]
+    assert set(statements) == {"keras", "keras_isobn"}
+    for name, statement in statements.items():
+        assert statement["wall"]["count"] == 1
+        # Keras alone takes far more than a bare interpreter's ~10 MiB.
+        assert statement["peak_rss_bytes"] > 50 * 2**20, name
+        assert set(statement["modules"]) <= set(import_cost.HEAVY_MODULES)
+    assert "keras_hub" not in statements["keras"]["modules"]
+    assert result["ratios"]["peak_rss"] == pytest.approx(
+        statements["keras_isobn"]["peak_rss_bytes"]
+        / statements["keras"]["peak_rss_bytes"]
+    )
+
+
 def test_report_summarises_every_benchmark(suite):
     folder, markdown = suite
     assert markdown == os.path.join(folder, "README.md")
     with open(markdown) as f:
         text = f.read()
     for heading in ("## Goals", "## Layer cost", "## Stability",
-                    "## End to end", "## Machines and noise"):
+                    "## End to end", "## Import cost", "## Machines"):
         assert heading in text
     assert f"layer_cost_{BACKEND}_quick.json" in text
+    assert "import_cost_quick.json" in text
+
+
+def test_isotropy_minilm_measures_the_sample_dev_sets(tmp_path):
+    from keras_isobn.glue import sample_data_dir
+
+    path = isotropy_minilm.main(
+        ["--quick", "--data-dir", sample_data_dir(), "--output-dir",
+         str(tmp_path), "--image-dir", str(tmp_path)]
+    )
+    with open(path) as f:
+        payload = json.load(f)
+    assert payload["environment"]["backend"] == BACKEND
+    assert set(payload["results"]) == {"SST-2", "MRPC"}
+    for result in payload["results"].values():
+        assert result["examples"] == 32
+        for embedding in ("pooled_output", "cls"):
+            for values in result[embedding].values():
+                assert 0 < values["ev1"] <= values["ev3"] <= values["ev10"] <= 1
+    with open(os.path.splitext(path)[0] + ".md") as f:
+        assert "| [CLS] | isobn |" in f.read()
+    assert os.path.getsize(tmp_path / "minilm_cls_std.png") > 0
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="no data-parallel engine")
+def test_distributed_step_times_every_head(tmp_path):
+    path = distributed_step.main(
+        ["--quick", "--backend", BACKEND, "--output", str(tmp_path)]
+    )
+    with open(path) as f:
+        payload = json.load(f)
+    runs = payload["runs"]
+    assert [child["results"][0]["devices"] for child in runs] == [1, 2]
+    for child in runs:
+        heads = [r["head"] for r in child["results"]]
+        assert heads == list(distributed_step.HEADS[BACKEND])
+        # 1 timed epoch of 3 steps: 2 intervals between step ends.
+        assert all(r["count"] == 2 for r in child["results"])
+    with open(os.path.splitext(path)[0] + ".md") as f:
+        assert "IsoBN, global-batch statistics" in f.read()
 
 
 def test_gpu_check_passes_at_tiny_size(tmp_path):
@@ -156,8 +220,8 @@ def test_report_checks_the_layer_alone_against_the_target(layer_s, expected):
         "results": [{"mode": "inference", "method": "isobn", "dim": 8,
                      "dtype": "float32", "median_s": layer_s}],
     }]
-    measured, status = report._classifier_goal(
-        e2e, [], {"layer_cost": layer_cost}, "inference", 0.001
+    measured, status = report.classifier_goal(
+        e2e, layer_cost, "inference", 0.001
     )
     assert status == "not resolved by the paired timing; " + expected
     assert f"layer alone {100 * layer_s:.3f}%" in measured

@@ -131,3 +131,27 @@ def test_tfds_data_dir_is_passed_on(monkeypatch):
     assert received["name"] == "glue/qnli"
     assert received["split"] == "validation"
     assert received["data_dir"] == "/some/tfds"
+
+
+def test_unprepared_dataset_offline_fails_without_downloading(
+    monkeypatch, tmp_path
+):
+    # Offline (the download host unreachable), an unprepared dataset fails
+    # at once with the fix, instead of TFDS's minutes of download retries.
+    from keras_isobn.glue import loaders
+
+    downloads = []
+    original = tfds.load
+
+    def recording_load(*args, **kwargs):
+        downloads.append(kwargs.get("download", True))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tfds, "load", recording_load)
+    monkeypatch.setattr(loaders, "_reachable", lambda host: False)
+    with pytest.raises(RuntimeError) as info:
+        load_split("sst2", "train", tfds_data_dir=str(tmp_path))
+    assert downloads == [False]
+    message = str(info.value)
+    assert "cannot be reached" in message and "--data-dir" in message
+    assert isinstance(info.value.__cause__, ConnectionError)

@@ -7,46 +7,7 @@ from keras import ops
 from keras.src import testing
 
 from keras_isobn import IsoBatchNormalization
-
-
-class NumpyIsoBN:
-    """Independent float64 NumPy statement of the IsoBN equations."""
-
-    def __init__(
-        self, dim, momentum=0.05, epsilon=1e-3, beta=0.5, degenerate_limit=False
-    ):
-        self.degenerate_limit = degenerate_limit
-        self.covariance = np.zeros((dim, dim))
-        self.std = np.zeros(dim)
-        self.momentum, self.epsilon, self.beta = momentum, epsilon, beta
-
-    def update(self, x):
-        x = np.asarray(x, np.float64).reshape(-1, self.std.shape[0])
-        y = x - x.mean(axis=0)
-        covariance = y.T @ y / len(y)
-        std = np.sqrt(np.mean(y**2, axis=0))
-        self.covariance += self.momentum * (covariance - self.covariance)
-        self.std += self.momentum * (std - self.std)
-
-    def scale(self):
-        outer = np.outer(self.std, self.std)
-        if self.degenerate_limit:
-            rho = np.divide(
-                self.covariance, outer, out=np.zeros_like(outer), where=outer > 0
-            )
-        else:
-            rho = self.covariance / outer
-        rho = np.clip(rho, -1, 1)
-        gamma = np.mean(rho**2, axis=1)
-        a = (gamma * self.std + self.epsilon) ** -self.beta
-        total = np.trace(self.covariance)
-        new_total = np.sum(np.diag(self.covariance) * a**2)
-        return a * np.sqrt(total / (new_total + self.epsilon))
-
-    def __call__(self, x, training=False):
-        if training:
-            self.update(x)
-        return np.asarray(x, np.float64) * self.scale()
+from tests.reference import NumpyIsoBN
 
 
 def anisotropic_batches(rng, steps, batch=32, dim=16):
@@ -462,28 +423,6 @@ def test_inference_multiplies_by_the_scale_of_the_last_update(rng):
     assert not np.allclose(ops.convert_to_numpy(layer(x)), x)
     layer.update_moving_scale()
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), x, rtol=1e-4)
-
-
-@pytest.mark.parametrize("bias_correction", [False, True])
-def test_weights_saved_without_moving_scale_still_load(rng, bias_correction):
-    # Layers saved before `moving_scale` existed stored only the statistics.
-    layer = IsoBatchNormalization(bias_correction=bias_correction)
-    for batch in anisotropic_batches(rng, steps=3, dim=8):
-        layer(batch, training=True)
-    old_store = {
-        str(i): ops.convert_to_numpy(v)
-        for i, v in enumerate(layer.non_trainable_variables[:-1])
-    }
-    restored = IsoBatchNormalization(bias_correction=bias_correction)
-    restored.build((None, 8))
-    restored.load_own_variables(old_store)
-    pairs = zip(layer.non_trainable_variables, restored.non_trainable_variables)
-    for a, b in pairs:
-        np.testing.assert_allclose(
-            ops.convert_to_numpy(a), ops.convert_to_numpy(b), rtol=1e-6
-        )
-    with pytest.raises(ValueError):
-        restored.load_own_variables({"0": old_store["0"]})
 
 
 @pytest.mark.parametrize(

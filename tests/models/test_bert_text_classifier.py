@@ -7,8 +7,9 @@ from keras import ops
 
 import keras_isobn
 from keras_isobn.models import IsoBNBertTextClassifier
+from keras_isobn.models import get_pooled_normalization
 from tests.models import tiny
-from tests.models.tiny import numpy_isobn_scale
+from tests.reference import numpy_isobn_scale
 from tests.models.tiny import to_numpy
 
 
@@ -96,20 +97,23 @@ def test_config_round_trip_keeps_head_hyperparameters():
     classifier = IsoBNBertTextClassifier(
         tiny.bert_backbone(),
         num_classes=4,
-        normalization="isobn",
-        momentum=0.1,
-        epsilon=1e-4,
-        beta=0.75,
-        bias_correction=True,
+        normalization=keras_isobn.IsoBatchNormalization(
+            momentum=0.1, epsilon=1e-4, beta=0.75, bias_correction=True
+        ),
         dropout=0.2,
     )
+    layer = classifier.normalization
+    assert layer.name == "pooled_normalization"
+    assert layer.dtype_policy == classifier.backbone.dtype_policy
     config = classifier.get_config()
-    assert config["normalization"] == "isobn"
+    assert config["normalization"]["class_name"] == "IsoBatchNormalization"
+    assert config["normalization"]["config"]["beta"] == 0.75
     restored = IsoBNBertTextClassifier.from_config(copy.deepcopy(config))
     assert isinstance(restored, IsoBNBertTextClassifier)
     layer = restored.normalization
     assert (layer.momentum, layer.epsilon, layer.beta) == (0.1, 1e-4, 0.75)
     assert layer.bias_correction
+    assert restored.dropout == 0.2
     assert restored.get_config() == config
 
 
@@ -118,28 +122,27 @@ def test_synchronized_statistics_option(normalization):
     make = lambda: IsoBNBertTextClassifier(  # noqa: E731
         tiny.bert_backbone(),
         num_classes=2,
-        normalization=normalization,
-        synchronized=True,
+        normalization=get_pooled_normalization(
+            normalization, synchronized=True
+        ),
     )
     if keras.backend.backend() == "torch":  # No synchronized statistics.
         with pytest.raises(ValueError, match="synchronized=True"):
             make()
         return
     classifier = make()
-    # On JAX `keras.distribution` computes the global batch's statistics
-    # already: the option is kept in the config but changes nothing.
-    on_tensorflow = keras.backend.backend() == "tensorflow"
-    if on_tensorflow:
-        assert classifier.normalization.synchronized
+    # The option acts under `tf.distribute` only: off TensorFlow, the layer
+    # made from the template is not synchronized (on JAX,
+    # `keras.distribution` computes the global batch's statistics anyway).
+    expected = keras.backend.backend() == "tensorflow"
+    assert classifier.normalization.synchronized is expected
     config = classifier.get_config()
-    assert config["synchronized"] is True
+    assert config["normalization"]["config"]["synchronized"] is expected
     restored = IsoBNBertTextClassifier.from_config(copy.deepcopy(config))
     assert restored.get_config() == config
-    if on_tensorflow:
-        assert restored.normalization.synchronized
+    assert restored.normalization.synchronized is expected
     default = IsoBNBertTextClassifier(tiny.bert_backbone(), num_classes=2)
     assert not default.normalization.synchronized
-    assert default.get_config()["synchronized"] is False
 
 
 def test_preprocessed_padding_mask_is_int32():
@@ -166,7 +169,7 @@ def test_preprocessed_padding_mask_is_int32():
 
 
 def test_unknown_normalization_is_rejected():
-    with pytest.raises(ValueError, match='"isobn", "batchnorm" or None'):
+    with pytest.raises(ValueError, match='"isobn", "batchnorm", None'):
         IsoBNBertTextClassifier(
             tiny.bert_backbone(), num_classes=2, normalization="layernorm"
         )

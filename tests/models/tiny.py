@@ -1,5 +1,9 @@
 """Tiny KerasHub backbones and data, and NumPy references, for the tests."""
 
+import dataclasses
+import functools
+import io
+
 import keras_hub
 import numpy as np
 from keras import ops
@@ -96,6 +100,158 @@ def roberta_preprocessor():
     )
 
 
+@functools.cache
+def _sentencepiece_proto(style):
+    """A word-level SentencePiece model of the test sentences, in memory.
+
+    As KerasHub's own tests make theirs
+    (`tools/sentencepiece_testing/create_*_test_proto.py`): `"albert"`
+    special pieces for ALBERT, FNet and XLM-RoBERTa, `"deberta"` for
+    DeBERTaV3.
+    """
+    import sentencepiece
+
+    pieces = {
+        "albert": ["<pad>", "<unk>", "[CLS]", "[SEP]"],
+        "deberta": ["[PAD]", "[CLS]", "[SEP]", "[UNK]"],
+    }[style]
+    kinds = {"albert": ["pad", "unk", "bos", "eos"]}.get(
+        style, ["pad", "bos", "eos", "unk"]
+    )
+    specials = {}
+    for index, (kind, piece) in enumerate(zip(kinds, pieces)):
+        specials[f"{kind}_id"] = index
+        specials[f"{kind}_piece"] = piece
+    sentences = SENTENCES + SECOND_SENTENCES
+    words = set(" ".join(sentences).split())
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=proto,
+        vocab_size=len(words) + 5,  # the words, 4 specials and "[MASK]"
+        model_type="WORD",
+        user_defined_symbols="[MASK]",
+        minloglevel=2,
+        **specials,
+    )
+    return proto.getvalue()
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A KerasHub text classifier family, with a tiny backbone.
+
+    Attributes:
+        name: The family's name, e.g. `"bert"`.
+        backbone_cls: KerasHub's backbone class of the family.
+        tokenizer: Makes the family's tokenizer of the test sentences.
+        backbone_kwargs: Arguments of `backbone_cls` beyond the common tiny
+            sizes; `None` drops a common one.
+    """
+
+    name: str
+    backbone_cls: type
+    tokenizer: object
+    backbone_kwargs: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def classifier(self):
+        """The `keras_isobn.models` class of the family."""
+        from keras_isobn import models
+
+        return models.text_classifier_class(self.backbone_cls)
+
+    @property
+    def keras_hub_classifier(self):
+        """KerasHub's own classifier class of the family."""
+        name = self.backbone_cls.__name__.replace("Backbone", "TextClassifier")
+        return getattr(keras_hub.models, name)
+
+    def backbone(self, dropout=0.1):
+        kwargs = {
+            "vocabulary_size": self.tokenizer().vocabulary_size(),
+            "num_layers": 1,
+            "num_heads": 2,
+            "hidden_dim": 16,
+            "intermediate_dim": 32,
+            "dropout": dropout,
+            "max_sequence_length": 32,
+        }
+        kwargs.update(self.backbone_kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return self.backbone_cls(**kwargs)
+
+    def preprocessor(self):
+        return self.classifier.preprocessor_cls(
+            self.tokenizer(), sequence_length=SEQUENCE_LENGTH
+        )
+
+
+FAMILIES = {
+    family.name: family
+    for family in [
+        Family(
+            "albert",
+            keras_hub.models.AlbertBackbone,
+            lambda: keras_hub.models.AlbertTokenizer(
+                proto=_sentencepiece_proto("albert")
+            ),
+            {"embedding_dim": 8},
+        ),
+        Family(
+            "bert",
+            keras_hub.models.BertBackbone,
+            lambda: keras_hub.models.BertTokenizer(vocabulary=BERT_VOCABULARY),
+        ),
+        Family(
+            "deberta_v3",
+            keras_hub.models.DebertaV3Backbone,
+            lambda: keras_hub.models.DebertaV3Tokenizer(
+                proto=_sentencepiece_proto("deberta")
+            ),
+            {"bucket_size": 8},
+        ),
+        Family(
+            "distil_bert",
+            keras_hub.models.DistilBertBackbone,
+            lambda: keras_hub.models.DistilBertTokenizer(
+                vocabulary=BERT_VOCABULARY
+            ),
+        ),
+        Family(
+            "f_net",
+            keras_hub.models.FNetBackbone,
+            lambda: keras_hub.models.FNetTokenizer(
+                proto=_sentencepiece_proto("albert")
+            ),
+            {"num_heads": None},
+        ),
+        Family(
+            "roberta",
+            keras_hub.models.RobertaBackbone,
+            lambda: keras_hub.models.RobertaTokenizer(
+                vocabulary=ROBERTA_VOCABULARY, merges=ROBERTA_MERGES
+            ),
+        ),
+        Family(
+            "roformer_v2",
+            keras_hub.models.RoformerV2Backbone,
+            lambda: keras_hub.models.RoformerV2Tokenizer(
+                vocabulary=BERT_VOCABULARY
+            ),
+            {"head_size": 8, "max_sequence_length": None},
+        ),
+        Family(
+            "xlm_roberta",
+            keras_hub.models.XLMRobertaBackbone,
+            lambda: keras_hub.models.XLMRobertaTokenizer(
+                proto=_sentencepiece_proto("albert")
+            ),
+        ),
+    ]
+}
+
+
 def token_inputs(preprocessor, x):
     """Preprocessed inputs as int32 NumPy arrays, as the backbone takes."""
     if isinstance(x, tuple):
@@ -106,16 +262,6 @@ def token_inputs(preprocessor, x):
         name: np.asarray(value).astype("int32")
         for name, value in features.items()
     }
-
-
-def numpy_isobn_scale(covariance, std, epsilon=1e-3, beta=0.5):
-    """IsoBN's scale from its moving statistics, in float64 NumPy."""
-    correlation = np.clip(covariance / np.outer(std, std), -1.0, 1.0)
-    gamma = np.mean(correlation**2, axis=1)
-    a = (gamma * std + epsilon) ** -beta
-    variance = np.diag(covariance)
-    m = np.sqrt(variance.sum() / (np.sum(variance * a**2) + epsilon))
-    return m * a
 
 
 def to_numpy(x):

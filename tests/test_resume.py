@@ -1,0 +1,506 @@
+import csv
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from keras_isobn import IsoBatchNormalization
+from keras_isobn.resume import ResumableEarlyStopping
+from keras_isobn.resume import SeededBatches
+from keras_isobn.resume import TrainingCheckpoint
+from keras_isobn.resume import atomic_write
+from keras_isobn.resume import exclusive
+
+
+def _values(variables):
+    return [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+
+def _data(rows=20, features=5, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int32")
+    return x, y
+
+
+# SeededBatches
+
+
+def test_batches_follow_the_seeded_order_of_each_epoch():
+    n, batch_size, seed = 10, 3, 42
+    x = {"a": np.arange(n) * 10, "b": np.arange(2 * n).reshape(n, 2)}
+    y = np.arange(n) + 100
+    batches = SeededBatches(x, y, batch_size=batch_size, seed=seed, epochs=3)
+    assert batches.steps_per_epoch == 3  # The incomplete 4th is dropped.
+    assert batches.num_batches == len(batches) == 9
+    orders = []
+    for epoch in range(3):
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        orders.append(order)
+        for step in range(3):
+            rows = order[step * batch_size : (step + 1) * batch_size]
+            bx, by = batches[epoch * 3 + step]
+            np.testing.assert_array_equal(bx["a"], rows * 10)
+            np.testing.assert_array_equal(bx["b"], x["b"][rows])
+            np.testing.assert_array_equal(by, rows + 100)
+    # Every epoch is shuffled anew.
+    assert not np.array_equal(orders[0], orders[1])
+    # Without labels, a batch is a 1-tuple, as `fit` unpacks it.
+    (only,) = SeededBatches(x["a"], batch_size=3, seed=seed, epochs=1)[0]
+    np.testing.assert_array_equal(only, orders[0][:3] * 10)
+
+
+def test_batches_do_not_depend_on_the_epoch_started_at():
+    x, y = _data(rows=11)
+    full = SeededBatches(x, y, batch_size=4, seed=7, epochs=4)
+    for start in (1, 2, 3):
+        later = SeededBatches(
+            x, y, batch_size=4, seed=7, epochs=4, initial_epoch=start
+        )
+        assert later.num_batches == (4 - start) * 2
+        for index in range(later.num_batches):
+            for got, want in zip(later[index], full[start * 2 + index]):
+                np.testing.assert_array_equal(got, want)
+    # Another seed, another order.
+    other = SeededBatches(x, y, batch_size=4, seed=8, epochs=4)
+    assert not np.array_equal(other[0][1], full[0][1]) or not np.array_equal(
+        other[0][0], full[0][0]
+    )
+
+
+def test_num_batches_and_bad_batch_size():
+    x, y = _data(rows=10)
+    assert SeededBatches(x, y, batch_size=10, seed=0, epochs=2).num_batches == 2
+    done = SeededBatches(x, y, batch_size=5, seed=0, epochs=2, initial_epoch=3)
+    assert done.num_batches == len(done) == 0
+    for batch_size in (0, 11):
+        with pytest.raises(ValueError, match="batch_size"):
+            SeededBatches(x, y, batch_size=batch_size, seed=0, epochs=1)
+
+
+def test_as_tf_dataset_yields_the_same_batches():
+    x, y = _data(rows=9)
+    batches = SeededBatches(
+        {"features": x}, y, batch_size=4, seed=3, epochs=3, initial_epoch=1
+    )
+    dataset = list(batches.as_tf_dataset().as_numpy_iterator())
+    assert len(dataset) == len(batches) == 4
+    for index, (bx, by) in enumerate(dataset):
+        want_x, want_y = batches[index]
+        np.testing.assert_array_equal(bx["features"], want_x["features"])
+        np.testing.assert_array_equal(by, want_y)
+        assert bx["features"].dtype == np.float32 and by.dtype == np.int32
+    # Raw strings, as a KerasHub task takes them.
+    text = np.array([f"sentence {i}" for i in range(6)])
+    strings = SeededBatches(text, y[:6], batch_size=3, seed=1, epochs=2)
+    got = [bx for bx, _ in strings.as_tf_dataset().as_numpy_iterator()]
+    assert len(got) == 4
+    for index, batch in enumerate(got):
+        assert [s.decode() for s in batch] == list(strings[index][0])
+
+
+# TrainingCheckpoint: resuming is exact.
+
+
+def _model(seed=11, dropout_seed=None):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(6, activation="relu"),
+            keras.layers.Dropout(0.3, seed=dropout_seed),
+            IsoBatchNormalization(momentum=0.2, name="isobn"),
+            keras.layers.Dense(2),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _fit(model, checkpoint, epochs, initial_epoch=0, stop_at=None):
+    x, y = _data(rows=20)
+    batches = SeededBatches(
+        x, y, batch_size=8, seed=5, epochs=epochs, initial_epoch=initial_epoch
+    )
+    return model.fit(
+        batches,
+        epochs=epochs if stop_at is None else stop_at,
+        initial_epoch=initial_epoch,
+        steps_per_epoch=batches.steps_per_epoch,
+        shuffle=False,  # Keras would shuffle the batches of all epochs.
+        callbacks=[checkpoint],
+        verbose=0,
+    )
+
+
+@pytest.mark.parametrize("dropout_seed", [None, 3])
+def test_resumed_training_is_bit_identical(tmp_path, dropout_seed):
+    straight = _model(dropout_seed=dropout_seed)
+    straight_checkpoint = TrainingCheckpoint(str(tmp_path / "straight"))
+    history = _fit(straight, straight_checkpoint, epochs=3)
+
+    # A run killed after its first epoch ...
+    killed = _model(dropout_seed=dropout_seed)
+    killed_checkpoint = TrainingCheckpoint(str(tmp_path / "resumed"))
+    _fit(killed, killed_checkpoint, epochs=3, stop_at=1)
+    assert killed_checkpoint.initial_epoch == 1
+    del killed
+    # ... and started again in a fresh model.
+    resumed = _model(dropout_seed=dropout_seed)
+    checkpoint = TrainingCheckpoint(str(tmp_path / "resumed"))
+    assert checkpoint.initial_epoch == 0
+    restored = checkpoint.restore(resumed)
+    assert [row["epoch"] for row in restored] == [0]
+    assert checkpoint.initial_epoch == 1
+    resumed_history = _fit(resumed, checkpoint, epochs=3, initial_epoch=1)
+    assert resumed_history.epoch == [1, 2]
+
+    isobn = resumed.get_layer("isobn")
+    assert np.any(keras.ops.convert_to_numpy(isobn.moving_covariance) != 0)
+    paths = [v.path for v in resumed.variables]
+    assert any(p.endswith("isobn/moving_covariance") for p in paths)
+    assert any(p.endswith("isobn/moving_std") for p in paths)
+    assert any("seed_generator" in p for p in paths)  # Dropout's state.
+    assert [v.name for v in resumed.variables] == [
+        v.name for v in straight.variables
+    ]
+    for path, want, got in zip(
+        paths, _values(straight.variables), _values(resumed.variables)
+    ):
+        np.testing.assert_array_equal(got, want, err_msg=path)
+    for want, got in zip(
+        _values(straight.optimizer.variables),
+        _values(resumed.optimizer.variables),
+    ):
+        np.testing.assert_array_equal(got, want)
+    assert int(keras.ops.convert_to_numpy(resumed.optimizer.iterations)) == 6
+
+    assert checkpoint.epochs == straight_checkpoint.epochs
+    assert [row["loss"] for row in checkpoint.epochs] == history.history["loss"]
+    assert resumed_history.history["loss"] == history.history["loss"][1:]
+    # Not trivially equal: the model trained.
+    assert len(set(history.history["loss"])) == 3
+
+
+class _Scores(keras.callbacks.Callback):
+    """Puts `score` = `scores[epoch]` in the logs; keeps the weights."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.scores = scores
+        self.weights = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["score"] = self.scores[epoch]
+        self.weights.append(_values(self.model.variables))
+
+
+def _fit_scored(model, callbacks, epochs, initial_epoch=0):
+    x, y = _data(rows=16)
+    return model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        callbacks=callbacks,
+        verbose=0,
+    )
+
+
+def test_restore_best_and_csv(tmp_path):
+    csv_path = str(tmp_path / "logs" / "epochs.csv")
+    checkpoint = TrainingCheckpoint(
+        str(tmp_path / "state"), monitor="score", mode="min", csv_path=csv_path
+    )
+    scores = _Scores([0.5, 0.2, float("nan"), 0.2])
+    model = _model()
+    _fit_scored(model, [scores, checkpoint], epochs=4)
+    assert checkpoint.best_epoch() == 1
+    last = _values(model.variables)
+    checkpoint.restore_best(model)
+    for want, got in zip(scores.weights[1], _values(model.variables)):
+        np.testing.assert_array_equal(got, want)
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(last, scores.weights[1])
+    )
+
+    with open(csv_path) as file:
+        rows = list(csv.DictReader(file))
+    assert [int(row["epoch"]) for row in rows] == [0, 1, 2, 3]
+    assert list(rows[0]) == ["epoch", "accuracy", "loss", "score"]
+    assert math.isnan(float(rows[2]["score"]))
+    assert [float(row["loss"]) for row in rows] == [
+        row["loss"] for row in checkpoint.epochs
+    ]
+
+    # `restore()` writes the CSV of the epochs run, e.g. after a kill that
+    # left it behind the state.
+    os.remove(csv_path)
+    again = TrainingCheckpoint(
+        str(tmp_path / "state"), monitor="score", mode="min", csv_path=csv_path
+    )
+    again.restore(_model())
+    with open(csv_path) as file:
+        assert len(list(csv.DictReader(file))) == 4
+
+
+def test_an_epoch_run_again_replaces_its_row(tmp_path):
+    csv_path = str(tmp_path / "epochs.csv")
+    checkpoint = TrainingCheckpoint(str(tmp_path), csv_path=csv_path)
+    model = _model()
+    _fit_scored(model, [checkpoint], epochs=3)
+    # As if the process restored epoch 0 only, then ran epoch 1 again.
+    checkpoint.on_epoch_end(1, {"loss": 9.0, "accuracy": 0.0})
+    assert [row["epoch"] for row in checkpoint.epochs] == [0, 1]
+    assert checkpoint.epochs[1]["loss"] == 9.0
+    with open(csv_path) as file:
+        rows = list(csv.DictReader(file))
+    assert [(row["epoch"], row["loss"]) for row in rows][1] == ("1", "9.0")
+    assert len(rows) == 2
+
+
+def test_best_epoch_with_nan_and_ties():
+    checkpoint = TrainingCheckpoint("unused", monitor="score", mode="min")
+    assert checkpoint.best_epoch() is None
+    nan, inf = float("nan"), float("inf")
+    for scores, best in [
+        ([nan, 0.5, 0.5, inf, 0.7], 1),
+        ([0.3, nan, 0.1, 0.1], 2),
+        ([nan, nan], 0),
+        ([-inf, 2.0], 1),  # Non-finite is the worst, whatever its sign.
+    ]:
+        checkpoint.epochs = [
+            {"epoch": epoch, "score": score} for epoch, score in enumerate(scores)
+        ]
+        assert checkpoint.best_epoch() == best, scores
+    maximum = TrainingCheckpoint("unused", monitor="score")
+    maximum.epochs = [
+        {"epoch": epoch, "score": score}
+        for epoch, score in enumerate([nan, 0.2, 0.7, 0.7, inf])
+    ]
+    assert maximum.best_epoch() == 2
+    unmonitored = TrainingCheckpoint("unused")
+    unmonitored.epochs = maximum.epochs
+    assert unmonitored.best_epoch() is None
+
+
+def test_finished():
+    checkpoint = TrainingCheckpoint("unused", monitor="score", mode="min")
+    assert not checkpoint.finished(3)
+    assert not checkpoint.finished(3, patience=1)
+    checkpoint.epochs = [
+        {"epoch": epoch, "score": score}
+        for epoch, score in enumerate([0.5, 0.4, 0.45])
+    ]
+    assert not checkpoint.finished(4)
+    assert checkpoint.finished(3)
+    assert checkpoint.finished(2)
+    assert checkpoint.finished(10, patience=1)
+    assert not checkpoint.finished(10, patience=2)
+
+
+def test_bad_arguments_and_other_models(tmp_path):
+    with pytest.raises(ValueError, match="mode"):
+        TrainingCheckpoint(str(tmp_path), mode="best")
+    checkpoint = TrainingCheckpoint(str(tmp_path), monitor="val_missing")
+    with pytest.raises(ValueError, match="val_missing"):
+        _fit_scored(_model(), [checkpoint], epochs=1)
+
+    directory = str(tmp_path / "state")
+    _fit_scored(_model(), [TrainingCheckpoint(directory)], epochs=1)
+    keras.utils.set_random_seed(1)
+    wider = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(7), keras.layers.Dense(2)]
+    )
+    wider.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ValueError, match="state.npz"):
+        TrainingCheckpoint(directory).restore(wider)
+    # Nothing saved: nothing restored, nothing changed.
+    fresh = _model()
+    before = _values(fresh.variables)
+    empty = TrainingCheckpoint(str(tmp_path / "empty"))
+    assert empty.restore(fresh) == []
+    assert empty.initial_epoch == 0
+    for want, got in zip(before, _values(fresh.variables)):
+        np.testing.assert_array_equal(got, want)
+
+
+# ResumableEarlyStopping
+
+
+def test_resumable_early_stopping_refuses_to_restore_best_weights():
+    # Replayed epochs have no weights to restore: the checkpoint has them.
+    with pytest.raises(ValueError, match="restore_best"):
+        ResumableEarlyStopping([], restore_best_weights=True)
+
+
+def test_resumable_early_stopping_stops_where_plain_early_stopping_does(
+    tmp_path,
+):
+    scores = [0.5, 0.4, 0.45, 0.3, 0.35, 0.6, 0.7, 0.8, 0.9, 1.0]
+    kwargs = {"monitor": "score", "mode": "min", "patience": 2}
+
+    plain = _fit_scored(
+        _model(),
+        [_Scores(scores), keras.callbacks.EarlyStopping(**kwargs)],
+        epochs=10,
+    )
+    assert plain.epoch == [0, 1, 2, 3, 4, 5]
+
+    for cut in (2, 4):
+        directory = str(tmp_path / f"cut{cut}")
+        first = TrainingCheckpoint(directory, monitor="score", mode="min")
+        _fit_scored(
+            _model(),
+            [_Scores(scores), ResumableEarlyStopping([], **kwargs), first],
+            epochs=cut,
+        )
+        checkpoint = TrainingCheckpoint(directory, monitor="score", mode="min")
+        model = _model()
+        done = checkpoint.restore(model)
+        assert len(done) == cut
+        assert not checkpoint.finished(10, patience=2)
+        resumed = _fit_scored(
+            model,
+            [
+                _Scores(scores),
+                ResumableEarlyStopping(done, **kwargs),
+                checkpoint,
+            ],
+            epochs=10,
+            initial_epoch=checkpoint.initial_epoch,
+        )
+        assert resumed.epoch == list(range(cut, 6)), cut
+        assert checkpoint.finished(10, patience=2)
+        assert [row["epoch"] for row in checkpoint.epochs] == plain.epoch
+
+
+# atomic_write and exclusive
+
+
+def test_atomic_write_text_and_callable(tmp_path):
+    path = str(tmp_path / "new" / "results.json")
+    atomic_write(path, '{"accuracy": 0.9}')
+    with open(path) as file:
+        assert file.read() == '{"accuracy": 0.9}'
+    atomic_write(path, "second")
+    with open(path) as file:
+        assert file.read() == "second"
+
+    seen = []
+
+    def writer(temporary):
+        seen.append(temporary)
+        np.savez(temporary, a=np.arange(3))
+
+    arrays_path = str(tmp_path / "arrays.npz")
+    atomic_write(arrays_path, writer)
+    assert seen == [str(tmp_path / "arrays.partial.npz")]
+    with np.load(arrays_path) as arrays:
+        np.testing.assert_array_equal(arrays["a"], np.arange(3))
+    assert sorted(os.listdir(tmp_path)) == ["arrays.npz", "new"]
+
+
+def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    path = str(tmp_path / "model.keras")
+
+    def torn(temporary):
+        with open(temporary, "w") as file:
+            file.write("half")
+        raise KeyboardInterrupt  # E.g. Ctrl-C in the middle of a save.
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, torn)
+    assert not os.path.exists(path)
+
+    atomic_write(path, "whole")
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, torn)
+    with open(path) as file:
+        assert file.read() == "whole"
+    assert sorted(os.listdir(tmp_path)) == ["model.keras"]  # No leftover.
+    # A later write succeeds.
+    atomic_write(path, "new")
+    with open(path) as file:
+        assert file.read() == "new"
+
+
+# Runs in another process: tries the lock, then (after a line on stdin)
+# tries it again, then holds it until killed.
+LOCKER = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    from keras_isobn.resume import exclusive
+
+    def attempt():
+        try:
+            with exclusive(sys.argv[1]):
+                return "acquired"
+        except RuntimeError as error:
+            return "refused: " + str(error)
+
+    print(attempt(), flush=True)
+    sys.stdin.readline()
+    print(attempt(), flush=True)
+    with exclusive(sys.argv[1]):
+        print("holding", flush=True)
+        time.sleep(300)
+    """
+)
+
+
+def test_exclusive_across_processes(tmp_path):
+    directory = str(tmp_path / "run")
+    process = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, directory],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    try:
+        with exclusive(directory):
+            # Held here: the other process is refused.
+            line = process.stdout.readline().strip()
+            assert line.startswith("refused: Another process is using")
+            assert directory in line
+        # Released: the other process gets it, then holds it.
+        process.stdin.write("\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "acquired"
+        assert process.stdout.readline().strip() == "holding"
+        with pytest.raises(RuntimeError, match="Another process"):
+            with exclusive(directory):
+                pass
+        # A killed holder releases the lock.
+        process.kill()
+        process.wait(timeout=60)
+        with exclusive(directory):
+            pass
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=60)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import keras_isobn.resume
+
+    result = doctest.testmod(keras_isobn.resume)
+    assert result.attempted >= 3 and result.failed == 0
