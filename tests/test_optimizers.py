@@ -130,8 +130,8 @@ def test_weight_decay_in_a_model_with_layer_normalization():
     model = keras.Sequential(
         [
             keras.Input((4,)),
-            keras.layers.Dense(4, bias_initializer="ones"),
-            keras.layers.LayerNormalization(),
+            keras.layers.Dense(4, bias_initializer="ones", name="dense"),
+            keras.layers.LayerNormalization(name="layer_normalization"),
         ]
     )
     optimizer = fine_tuning_adamw(
