@@ -3,12 +3,13 @@
 import keras
 import keras_hub
 
-from keras_isobn.models.pooled_normalization import get_pooled_normalization
-from keras_isobn.models.text_classifier import IsoBNTextClassifier
+from keras_isobn.models.roberta_text_classifier import (
+    IsoBNRobertaTextClassifier,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
-class IsoBNXLMRobertaTextClassifier(IsoBNTextClassifier):
+class IsoBNXLMRobertaTextClassifier(IsoBNRobertaTextClassifier):
     """`keras_hub.models.XLMRobertaTextClassifier` with IsoBN in its head.
 
     KerasHub's XLM-RoBERTa classifier (same arguments, layers and layer names)
@@ -20,7 +21,8 @@ class IsoBNXLMRobertaTextClassifier(IsoBNTextClassifier):
                 -> pooled_normalization -> output_dropout -> logits
     ```
 
-    See `keras_isobn.models.IsoBNTextClassifier` for what all the IsoBN
+    It subclasses `IsoBNRobertaTextClassifier`, whose head it shares. See
+    `keras_isobn.models.IsoBNTextClassifier` for what all the IsoBN
     classifiers share (presets, regression heads, saving).
 
     Args:
@@ -56,68 +58,3 @@ class IsoBNXLMRobertaTextClassifier(IsoBNTextClassifier):
 
     backbone_cls = keras_hub.models.XLMRobertaBackbone
     preprocessor_cls = keras_hub.models.XLMRobertaTextClassifierPreprocessor
-
-    def __init__(
-        self,
-        backbone,
-        num_classes,
-        preprocessor=None,
-        activation=None,
-        hidden_dim=None,
-        dropout=0.1,
-        normalization="isobn",
-        **kwargs,
-    ):
-        # === Config ===
-        # Set first: `super().__init__()` compiles with defaults that depend
-        # on them (a regression loss for `num_classes=1`).
-        self.num_classes = num_classes
-        self.activation = keras.activations.get(activation)
-        self.hidden_dim = hidden_dim or backbone.hidden_dim
-        self.dropout = dropout
-
-        # === Layers ===
-        self.backbone = backbone
-        self.preprocessor = preprocessor
-        self.pooled_dropout = keras.layers.Dropout(
-            dropout,
-            dtype=backbone.dtype_policy,
-            name="pooled_dropout",
-        )
-        self.pooled_dense = keras.layers.Dense(
-            self.hidden_dim,
-            activation="tanh",
-            dtype=backbone.dtype_policy,
-            name="pooled_dense",
-        )
-        self.normalization = get_pooled_normalization(
-            normalization, dtype=backbone.dtype_policy
-        )
-        self.output_dropout = keras.layers.Dropout(
-            dropout,
-            dtype=backbone.dtype_policy,
-            name="output_dropout",
-        )
-        self.output_dense = keras.layers.Dense(
-            num_classes,
-            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-            activation=activation,
-            dtype=backbone.dtype_policy,
-            name="logits",
-        )
-
-        # === Functional Model ===
-        inputs = backbone.input
-        x = backbone(inputs)[:, backbone.start_token_index, :]
-        x = self.pooled_dropout(x)
-        x = self.pooled_dense(x)
-        if self.normalization is not None:
-            x = self.normalization(x)
-        x = self.output_dropout(x)
-        outputs = self.output_dense(x)
-        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"hidden_dim": self.hidden_dim})
-        return config
