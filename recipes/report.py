@@ -26,8 +26,9 @@ import numpy as np
 
 from keras_isobn import glue
 
-NORMS = ("none", "batchnorm", "isobn")
-NORM_NAMES = {"none": "Fine-tuning", "batchnorm": "BatchNorm", "isobn": "IsoBN"}
+NORMS = ("none", "batchnorm", "isobn", "isobn-unit")
+NORM_NAMES = {"none": "Fine-tuning", "batchnorm": "BatchNorm", "isobn": "IsoBN",
+              "isobn-unit": "IsoBN, unit variance"}
 GROUPS = ("small", "large", "all")
 
 

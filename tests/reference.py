@@ -4,9 +4,17 @@ import numpy as np
 
 
 def numpy_isobn_scale(
-    covariance, std, epsilon=1e-3, beta=0.5, degenerate_limit=False
+    covariance,
+    std,
+    epsilon=1e-3,
+    beta=0.5,
+    degenerate_limit=False,
+    output_variance="total",
 ):
     """IsoBN's scale `m * a` from its moving statistics, in float64.
+
+    `output_variance="unit"`: `m` brings the total variance to the number
+    of features instead of keeping it.
 
     With `degenerate_limit=True`, correlations of zero-std features are 0
     (the limit the layer takes) instead of NaN.
@@ -25,6 +33,8 @@ def numpy_isobn_scale(
     a = (gamma * std + epsilon) ** -beta
     total = np.trace(covariance)
     new_total = np.sum(np.diag(covariance) * a**2)
+    if output_variance == "unit":
+        total = len(std)
     return a * np.sqrt(total / (new_total + epsilon))
 
 
@@ -32,9 +42,16 @@ class NumpyIsoBN:
     """Independent float64 NumPy statement of the IsoBN equations."""
 
     def __init__(
-        self, dim, momentum=0.05, epsilon=1e-3, beta=0.5, degenerate_limit=False
+        self,
+        dim,
+        momentum=0.05,
+        epsilon=1e-3,
+        beta=0.5,
+        degenerate_limit=False,
+        output_variance="total",
     ):
         self.degenerate_limit = degenerate_limit
+        self.output_variance = output_variance
         self.covariance = np.zeros((dim, dim))
         self.std = np.zeros(dim)
         self.momentum, self.epsilon, self.beta = momentum, epsilon, beta
@@ -54,6 +71,7 @@ class NumpyIsoBN:
             self.epsilon,
             self.beta,
             self.degenerate_limit,
+            self.output_variance,
         )
 
     def __call__(self, x, training=False):

@@ -27,7 +27,11 @@ class IsoBatchNormalization(keras.layers.Layer):
 
     The scale `m * a` is treated as a constant by backpropagation (gradients
     flow through `inputs` only), no mean is subtracted, and the total
-    variance of the features is kept.
+    variance of the features is kept. With `output_variance="unit"`, the
+    outputs get unit variance on average over the `d` features instead,
+    `m = sqrt(d / (sum_i Cov_ii * a_i ** 2 + epsilon))`, the scale that
+    `keras.layers.BatchNormalization` gives, with IsoBN's relative scales
+    (an extension of the paper, for features whose scale is far from 1).
 
     In training (`training=True` and the layer trainable), the statistics
     of the batch are computed first, in float32, over every axis but the
@@ -60,6 +64,9 @@ class IsoBatchNormalization(keras.layers.Layer):
             inputs unchanged, `0.5` (the default, the paper's value) divides
             each feature by the square root of `gamma * std`, `1` by
             `gamma * std`.
+        output_variance: `"total"` (the default, the paper's) to keep the
+            total variance of the features, `trace(Cov)`; `"unit"` to bring
+            it to `d`, the number of features (unit variance on average).
         bias_correction: Boolean. If `True`, the moving statistics are
             divided by the weight that data already has in them,
             `1 - (1 - momentum) ** t` after `t` updates, before use (as Adam
@@ -111,6 +118,7 @@ class IsoBatchNormalization(keras.layers.Layer):
         momentum=0.05,
         epsilon=1e-3,
         beta=0.5,
+        output_variance="total",
         bias_correction=False,
         synchronized=False,
         **kwargs,
@@ -140,9 +148,16 @@ class IsoBatchNormalization(keras.layers.Layer):
                 "`beta` must be >= 0 (0 leaves the inputs unchanged). "
                 f"Received: beta={beta}"
             )
+        if output_variance not in ("total", "unit"):
+            raise ValueError(
+                '`output_variance` must be "total" (keep the total variance, '
+                'the paper\'s) or "unit" (unit variance on average). '
+                f"Received: output_variance={output_variance!r}"
+            )
         self.momentum = float(momentum)
         self.epsilon = float(epsilon)
         self.beta = float(beta)
+        self.output_variance = output_variance
         self.bias_correction = bool(bias_correction)
         self.synchronized = bool(synchronized)
         self.supports_masking = True
@@ -244,7 +259,10 @@ class IsoBatchNormalization(keras.layers.Layer):
         a = ops.power(gamma * std + self.epsilon, -self.beta)
         variance = ops.diagonal(covariance)
         total = ops.sum(variance)
-        m = ops.sqrt(total / (ops.sum(variance * ops.square(a)) + self.epsilon))
+        target = total
+        if self.output_variance == "unit":
+            target = ops.cast(ops.shape(variance)[0], "float32")
+        m = ops.sqrt(target / (ops.sum(variance * ops.square(a)) + self.epsilon))
         # No statistics yet (or all zero): leave the inputs unchanged.
         return ops.where(total > 0.0, m * a, ops.ones_like(a))
 
@@ -330,6 +348,7 @@ class IsoBatchNormalization(keras.layers.Layer):
                 "momentum": self.momentum,
                 "epsilon": self.epsilon,
                 "beta": self.beta,
+                "output_variance": self.output_variance,
                 "bias_correction": self.bias_correction,
                 "synchronized": self.synchronized,
             }

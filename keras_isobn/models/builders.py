@@ -92,7 +92,7 @@ def text_classifier_from_preset(
             `dropout`, `activation`, ...) and, with `normalization` given by
             name (`"isobn"`, the default, or `"batchnorm"`), the settings of
             `get_pooled_normalization()`: `momentum`, `epsilon`, `beta`,
-            `bias_correction`, `synchronized`.
+            `output_variance`, `bias_correction`, `synchronized`.
 
     Returns:
         A `keras_isobn.models` classifier (one of `TEXT_CLASSIFIERS`) whose

@@ -13,6 +13,7 @@ NORMALIZATION_SETTINGS = (
     "momentum",
     "epsilon",
     "beta",
+    "output_variance",
     "bias_correction",
     "synchronized",
 )
@@ -23,6 +24,7 @@ def get_pooled_normalization(
     momentum=None,
     epsilon=None,
     beta=None,
+    output_variance=None,
     bias_correction=None,
     synchronized=None,
     dtype=None,
@@ -34,11 +36,13 @@ def get_pooled_normalization(
 
     - `"isobn"`: a `keras_isobn.IsoBatchNormalization`, with the settings
       given here (the layer's defaults otherwise: `momentum=0.05`,
-      `epsilon=1e-3`, `beta=0.5`, `bias_correction=False`).
+      `epsilon=1e-3`, `beta=0.5`, `output_variance="total"`,
+      `bias_correction=False`).
     - `"batchnorm"`: a `keras.layers.BatchNormalization`, the paper's
       baseline. `momentum` is the weight of each new batch, as for IsoBN
       (`BatchNormalization(momentum=1 - momentum)`, default `0.05`);
-      `beta` and `bias_correction` are IsoBN's only and ignored.
+      `beta`, `output_variance` and `bias_correction` are IsoBN's only
+      and ignored.
     - `None`: no normalization (plain fine-tuning); returns `None` (the
       settings are ignored).
     - A Keras layer, e.g. `keras_isobn.IsoBatchNormalization(beta=0.75)`,
@@ -62,6 +66,8 @@ def get_pooled_normalization(
         epsilon: Optional float `> 0`, IsoBN's or BatchNormalization's
             epsilon.
         beta: Optional float `>= 0`, IsoBN's strength.
+        output_variance: Optional `"total"` (the paper's: keep the total
+            variance) or `"unit"` (unit variance on average), IsoBN's.
         bias_correction: Optional boolean, IsoBN's bias correction of the
             moving statistics.
         synchronized: Optional boolean. Under a `tf.distribute` strategy,
@@ -80,6 +86,7 @@ def get_pooled_normalization(
 
     ```python
     get_pooled_normalization("isobn", beta=0.75)
+    get_pooled_normalization("isobn", output_variance="unit")
     get_pooled_normalization("batchnorm", momentum=0.1)  # Keras's 0.9
     get_pooled_normalization(keras_isobn.IsoBatchNormalization(beta=1.0))
     ```
@@ -88,6 +95,7 @@ def get_pooled_normalization(
         "momentum": momentum,
         "epsilon": epsilon,
         "beta": beta,
+        "output_variance": output_variance,
         "bias_correction": bias_correction,
         "synchronized": synchronized,
     }

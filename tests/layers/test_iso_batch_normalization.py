@@ -62,6 +62,49 @@ def test_hyperparameters_match_reference(rng, momentum, epsilon, beta):
     )
 
 
+@pytest.mark.parametrize("beta", [0.5, 1.0])
+def test_unit_output_variance_matches_reference(rng, beta):
+    layer = IsoBatchNormalization(beta=beta, output_variance="unit")
+    reference = NumpyIsoBN(16, beta=beta, output_variance="unit")
+    batches = anisotropic_batches(rng, steps=6)
+    for x in batches:
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(layer(x, training=True)),
+            reference(x, training=True),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+    scale = ops.convert_to_numpy(layer.scale())
+    np.testing.assert_allclose(scale, reference.scale(), rtol=1e-5)
+    # Unit variance on average: sum_i Var_i * scale_i ** 2 = d (up to
+    # epsilon), where the paper's scale keeps trace(Cov), far from d here.
+    variance = np.diag(reference.covariance)
+    np.testing.assert_allclose(np.sum(variance * scale**2), 16.0, rtol=1e-3)
+    paper = NumpyIsoBN(16, beta=beta)
+    for x in batches:
+        paper.update(x)
+    assert abs(np.sum(variance * paper.scale() ** 2) - 16.0) > 1.0
+    # Inference uses the same scale.
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer(batches[0])),
+        reference(batches[0]),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_unit_output_variance_without_data_leaves_inputs_unchanged(rng):
+    layer = IsoBatchNormalization(output_variance="unit")
+    x = rng.normal(size=(4, 8)).astype("float32")
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer(x)), x)
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer.scale()), 1.0)
+    # Constant features (zero variance): finite, still unchanged.
+    constant = np.ones((4, 8), "float32")
+    y = ops.convert_to_numpy(layer(constant, training=True))
+    assert np.all(np.isfinite(y))
+    np.testing.assert_array_equal(y, constant)
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16", "bfloat16"])
 def test_statistics_stay_float32_under_every_policy(rng, policy):
     keras.mixed_precision.set_global_policy(policy)
@@ -433,6 +476,7 @@ def test_inference_multiplies_by_the_scale_of_the_last_update(rng):
         ({"epsilon": 0.0}, "epsilon=0.0"),
         ({"epsilon": -1e-3}, "epsilon=-0.001"),
         ({"beta": -0.5}, "beta=-0.5"),
+        ({"output_variance": "same"}, "output_variance='same'"),
     ],
 )
 def test_bad_arguments_raise(kwargs, message):
@@ -475,6 +519,7 @@ class IsoBatchNormalizationLayerTest(testing.TestCase):
             momentum=0.1,
             epsilon=1e-4,
             beta=0.7,
+            output_variance="unit",
             bias_correction=True,
             name="iso",
         )

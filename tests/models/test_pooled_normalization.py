@@ -98,7 +98,12 @@ def test_builders_take_the_normalization_settings():
         "intermediate_dim": 16,
     }
     classifier = models.small_bert_text_classifier(
-        **common, momentum=0.1, beta=0.75, bias_correction=True, dropout=0.3
+        **common,
+        momentum=0.1,
+        beta=0.75,
+        output_variance="unit",
+        bias_correction=True,
+        dropout=0.3,
     )
     layer = classifier.normalization
     assert isinstance(layer, keras_isobn.IsoBatchNormalization)
@@ -107,6 +112,10 @@ def test_builders_take_the_normalization_settings():
         0.75,
         True,
     )
+    assert layer.output_variance == "unit"
+    # The classifier's config keeps it.
+    clone = type(classifier).from_config(classifier.get_config())
+    assert clone.normalization.output_variance == "unit"
     assert classifier.dropout == 0.3
     batchnorm = models.small_bert_text_classifier(
         **common, normalization="batchnorm", momentum=0.1, beta=0.75
