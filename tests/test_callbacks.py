@@ -386,3 +386,89 @@ def test_whole_set_metrics_numpy_integer_batch_size():
     x, y = _regression_data(rows=5)
     callback = WholeSetMetrics(x, y, _whole_set_scores, batch_size=np.int64(2))
     assert callback.evaluate(_regressor())["val_rows"] == 5
+
+
+def _trained_isobn_classifier(rng):
+    model = _isobn_classifier()
+    x = _token_inputs(rng, samples=48)
+    y = rng.integers(0, 2, size=48)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # Moves the stats.
+    return model
+
+
+def _accuracy(y, logits):
+    return {"accuracy": float(np.mean(np.argmax(logits, -1) == y))}
+
+
+def test_whole_set_metrics_trimmed_and_with_ev_k_match_untrimmed(rng):
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    model = _trained_isobn_classifier(rng)
+    # 37 examples of lengths 3 to 8: 5 batches of 8, in 3 cut lengths.
+    x = _token_inputs(rng, samples=37)
+    y = rng.integers(0, 2, size=37)
+    plain = WholeSetMetrics(x, y, _accuracy, batch_size=8)
+    fast = WholeSetMetrics(
+        x, y, _accuracy, batch_size=8, trim_padding=2, ev_k=[1, 3]
+    )
+    expected = plain.evaluate(model)
+    logs = fast.evaluate(model)
+    # The same predictions, row for row, from batches cut to their length.
+    np.testing.assert_allclose(
+        fast.predictions, plain.predictions, rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        fast.predictions,
+        model.predict(x, batch_size=37, verbose=0),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    assert logs["val_accuracy"] == expected["val_accuracy"]
+    # EV_k from the same pass: that of EVkCallback, and of an independent
+    # computation on the IsoBN layer's inputs and outputs.
+    assert sorted(logs) == [
+        "ev1_in", "ev1_out", "ev3_in", "ev3_out", "val_accuracy",
+    ]  # fmt: skip
+    reference = EVkCallback(x, k=[1, 3], batch_size=8).measure(model)
+    for key, value in reference.items():
+        assert logs[key] == pytest.approx(value, abs=1e-4), key
+    layer = model.get_layer("isobn")
+    probe = keras.Model(model.input, [layer.input, layer.output])
+    inside, outside = probe.predict(x, batch_size=37, verbose=0)
+    assert logs["ev3_in"] == pytest.approx(_ev(inside, 3), abs=1e-4)
+    assert logs["ev3_out"] == pytest.approx(_ev(outside, 3), abs=1e-4)
+
+
+def test_whole_set_metrics_trims_only_padding(rng):
+    from keras_isobn.callbacks import _predict
+
+    seen = []
+
+    class Recorder:
+        def predict(self, x, batch_size=None, verbose=0):
+            seen.append(x["token_ids"].shape)
+            return np.asarray(x["token_ids"][:, :1], "float32")
+
+    x = _token_inputs(rng, samples=20)
+    x["token_ids"][:, 0] = np.arange(20)  # Identifies each row.
+    out = _predict(Recorder(), x, batch_size=4, trim=4)
+    # Rows come back in their order; no batch cuts a kept position.
+    np.testing.assert_array_equal(out[:, 0], np.arange(20))
+    lengths = x["padding_mask"].sum(axis=1)
+    assert sum(shape[0] for shape in seen) == 20
+    assert all(shape[1] in (4, 8) for shape in seen)
+    assert max(shape[1] for shape in seen) == -(-lengths.max() // 4) * 4
+
+
+def test_whole_set_metrics_bad_ev_and_trim_arguments():
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    x, y = _regression_data(rows=4)
+    with pytest.raises(ValueError, match="`trim_padding`"):
+        WholeSetMetrics(x, y, _whole_set_scores, trim_padding=0)
+    with pytest.raises(ValueError, match="`ev_k`"):
+        WholeSetMetrics(x, y, _whole_set_scores, ev_k=0)
+    # A model without IsoBN and no `ev_layer`: the EVkCallback message.
+    callback = WholeSetMetrics(x, y, _whole_set_scores, ev_k=3)
+    with pytest.raises(ValueError, match="no IsoBatchNormalization"):
+        callback.evaluate(_regressor())

@@ -15,6 +15,7 @@ from keras_isobn.resume import SeededBatches
 from keras_isobn.resume import TrainingCheckpoint
 from keras_isobn.resume import atomic_write
 from keras_isobn.resume import exclusive
+from keras_isobn.resume import trim_padding
 
 
 def _values(variables):
@@ -140,6 +141,59 @@ def _fit(model, checkpoint, epochs, initial_epoch=0, stop_at=None):
         callbacks=[checkpoint],
         verbose=0,
     )
+
+
+def _padded_tokens(lengths, width=12):
+    mask = np.arange(width) < np.asarray(lengths)[:, None]
+    return {
+        "token_ids": np.where(mask, 7, 0).astype("int32"),
+        "segment_ids": np.zeros(mask.shape, "int32"),
+        "padding_mask": mask,
+        "weights": np.ones((len(lengths), 3), "float32"),  # Not a sequence.
+    }
+
+
+def test_trim_padding_cuts_only_padding():
+    x = _padded_tokens([3, 5, 2])
+    cut = trim_padding(x, multiple=4)
+    for key in ("token_ids", "segment_ids", "padding_mask"):
+        assert cut[key].shape == (3, 8)
+        np.testing.assert_array_equal(cut[key], x[key][:, :8])
+    assert cut["weights"].shape == (3, 3)
+    # Never past the length; a mask with holes keeps its last position.
+    assert trim_padding(x, multiple=7)["token_ids"].shape == (3, 7)
+    assert trim_padding(_padded_tokens([12, 1]), 8)["token_ids"].shape[1] == 12
+    holes = _padded_tokens([2, 2])
+    holes["padding_mask"][0, 6] = True
+    assert trim_padding(holes, 1)["padding_mask"].shape == (2, 7)
+    # An all-padding batch keeps one position; other inputs pass as they are.
+    assert trim_padding(_padded_tokens([0, 0]), 1)["token_ids"].shape == (2, 1)
+    plain = np.ones((2, 12))
+    assert trim_padding(plain) is plain
+    assert trim_padding({"token_ids": plain})["token_ids"] is plain
+
+
+def test_seeded_batches_trim_padding():
+    rng = np.random.default_rng(0)
+    x = _padded_tokens(rng.integers(1, 13, size=40))
+    y = np.arange(40)
+    full = SeededBatches(x, y, batch_size=8, seed=3, epochs=2)
+    cut = SeededBatches(x, y, batch_size=8, seed=3, epochs=2, trim_padding=4)
+    lengths = set()
+    for index in range(len(full)):
+        (a, labels_a), (b, labels_b) = full[index], cut[index]
+        np.testing.assert_array_equal(labels_a, labels_b)
+        length = b["token_ids"].shape[1]
+        lengths.add(length)
+        assert length % 4 == 0 or length == 12
+        np.testing.assert_array_equal(b["token_ids"], a["token_ids"][:, :length])
+        assert not a["padding_mask"][:, length:].any()
+    assert len(lengths) > 1
+    # The tf.data version takes the varying lengths.
+    batches = list(cut.as_tf_dataset().as_numpy_iterator())
+    for index, (b, _) in enumerate(batches):
+        np.testing.assert_array_equal(b["token_ids"], cut[index][0]["token_ids"])
+
 
 
 @pytest.mark.parametrize("dropout_seed", [None, 3])

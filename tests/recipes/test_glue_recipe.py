@@ -17,7 +17,7 @@ import glue as glue_recipe  # noqa: E402  (recipes/glue.py)
 # One epoch of a few batches of the shipped sample, on the built-in BERT.
 FAST = [
     "--train-limit", "32", "--batch-size", "16", "--max-sequence-length", "24",
-    "--epochs", "1", "--ev-examples", "48", "--verbose", "0", "--no-report",
+    "--epochs", "1", "--verbose", "0", "--no-report",
 ]  # fmt: skip
 
 

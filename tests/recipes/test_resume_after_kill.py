@@ -15,7 +15,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "kill_worker.py")
 ARGS = [
     "--task", "sst2", "--norm", "isobn", "--epochs", "3",
     "--train-limit", "64", "--batch-size", "16", "--max-sequence-length", "24",
-    "--ev-examples", "32", "--verbose", "0", "--no-report",
+    "--verbose", "0", "--no-report",
 ]  # fmt: skip
 # Killed in turn: mid-epoch 2, while saving the state of epoch 2, in the
 # evaluation of epoch 3, while writing best.keras, then results.json.
