@@ -433,6 +433,9 @@ class WholeSetMetrics(keras.callbacks.Callback):
 
 def _predict(model, x, batch_size, trim):
     """`model.predict(x)`; with `trim`, by length, in cut batches."""
+    # Imported here: `import keras_isobn` loads `callbacks`, not `resume`.
+    from keras_isobn.resume import trim_padding
+
     mask = x.get("padding_mask") if isinstance(x, dict) else None
     if not trim or mask is None or np.ndim(mask) != 2:
         return model.predict(x, batch_size=batch_size, verbose=0)
@@ -440,21 +443,19 @@ def _predict(model, x, batch_size, trim):
     lengths = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
     lengths[~mask.any(axis=1)] = 1
     order = np.argsort(lengths, kind="stable")
-    # One `predict` per cut length: the batches of equal shape.
+    # One `predict` per cut length: the batches of equal shape, cut as
+    # `trim_padding` cuts each (a group cuts to its batches' length).
     cuts = {}
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        length = min(-(-int(lengths[rows].max()) // trim) * trim, mask.shape[1])
-        cuts.setdefault(length, []).append(rows)
+        cut = trim_padding({"padding_mask": mask[rows]}, trim)
+        cuts.setdefault(cut["padding_mask"].shape[1], []).append(rows)
     pieces = []
-    for length, batches in cuts.items():
+    for batches in cuts.values():
         rows = np.concatenate(batches)
-        batch = {
-            key: array[rows][:, :length]
-            if np.ndim(array) >= 2 and np.shape(array)[:2] == mask.shape
-            else np.asarray(array)[rows]
-            for key, array in x.items()
-        }
+        batch = trim_padding(
+            {key: np.asarray(array)[rows] for key, array in x.items()}, trim
+        )
         outputs = model.predict(batch, batch_size=batch_size, verbose=0)
         pieces.append((rows, keras.tree.flatten(outputs)))
     results = []
