@@ -1,5 +1,6 @@
 """Callbacks for fine-tuning: EV_k around a layer, metrics on a whole set."""
 
+import functools
 import sys
 
 import keras
@@ -179,7 +180,6 @@ class EVkCallback(keras.callbacks.Callback):
             )
         probe = self._get_probe_model(model)
         inputs = self._get_inputs(model)
-        training = getattr(model, "training", None)  # torch.nn.Module mode.
         # Full batches only (the first rows repeated, their outputs
         # dropped): one compiled step for all, and batches that split
         # evenly across data-parallel devices.
@@ -187,12 +187,8 @@ class EVkCallback(keras.callbacks.Callback):
         padded = keras.tree.map_structure(
             lambda array: _pad_rows(array, self.batch_size), inputs
         )
-        embeddings = probe.predict(
-            padded, batch_size=self.batch_size, verbose=0
-        )
+        embeddings = _predict(probe, padded, self.batch_size)
         embeddings = [values[:size] for values in embeddings]
-        if training and keras.backend.backend() == "torch":
-            model.train()  # `predict` put the shared modules in eval mode.
         mask = inputs.get("padding_mask") if isinstance(inputs, dict) else None
         results = {}
         for side, values in zip(("in", "out"), embeddings):
@@ -380,13 +376,10 @@ class WholeSetMetrics(keras.callbacks.Callback):
             EV_k values (`"ev3_in"`, `"ev3_out"`, ...).
         """
         model = self.model if model is None else model
-        training = getattr(model, "training", None)  # torch.nn.Module mode.
         outputs = _predict(
             self._probe_model(model), self.x, self.batch_size,
             self.trim_padding,
         )  # fmt: skip
-        if training and keras.backend.backend() == "torch":
-            model.train()  # `predict` put the shared modules in eval mode.
         embeddings = []
         if self.ev_k:
             outputs, *embeddings = outputs
@@ -431,39 +424,46 @@ class WholeSetMetrics(keras.callbacks.Callback):
         return self._probe[2]
 
 
-def _predict(model, x, batch_size, trim):
-    """`model.predict(x)`; with `trim`, by length, in cut batches."""
+def _predict(model, x, batch_size, trim=None):
+    """`model.predict(x)`, batch by batch; with `trim`, by length, cut.
+
+    `predict_on_batch` makes no data pipeline per call (on TensorFlow,
+    `predict` makes a `tf.data` iterator whose deletion can wait seconds
+    for its autotuning thread); `predict` splits batches across devices
+    when a model is distributed. `x`'s rows are a multiple of `batch_size`.
+    """
     # Imported here: `import keras_isobn` loads `callbacks`, not `resume`.
     from keras_isobn.resume import trim_padding
 
+    size = len(keras.tree.flatten(x)[0])
+    order = np.arange(size)
     mask = x.get("padding_mask") if isinstance(x, dict) else None
-    if not trim or mask is None or np.ndim(mask) != 2:
-        return model.predict(x, batch_size=batch_size, verbose=0)
-    mask = np.asarray(mask, bool)
-    lengths = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
-    lengths[~mask.any(axis=1)] = 1
-    order = np.argsort(lengths, kind="stable")
-    # One `predict` per cut length: the batches of equal shape, cut as
-    # `trim_padding` cuts each (a group cuts to its batches' length).
-    cuts = {}
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        cut = trim_padding({"padding_mask": mask[rows]}, trim)
-        cuts.setdefault(cut["padding_mask"].shape[1], []).append(rows)
-    pieces = []
-    for batches in cuts.values():
-        rows = np.concatenate(batches)
-        batch = trim_padding(
-            {key: np.asarray(array)[rows] for key, array in x.items()}, trim
+    trim = trim if mask is not None and np.ndim(mask) == 2 else None
+    if trim:
+        mask = np.asarray(mask, bool)
+        lengths = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
+        lengths[~mask.any(axis=1)] = 1
+        order = np.argsort(lengths, kind="stable")
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow.
+    if keras.distribution.distribution() or (
+        strategy and strategy.num_replicas_in_sync > 1
+    ):
+        predict = functools.partial(
+            model.predict, batch_size=batch_size, verbose=0
         )
-        outputs = model.predict(batch, batch_size=batch_size, verbose=0)
-        pieces.append((rows, keras.tree.flatten(outputs)))
+    else:
+        predict = model.predict_on_batch
+    pieces = []
+    for start in range(0, size, batch_size):
+        rows = order[start : start + batch_size]
+        batch = keras.tree.map_structure(lambda a: np.asarray(a)[rows], x)
+        if trim:
+            batch = trim_padding(batch, trim)
+        pieces.append(keras.tree.flatten(predict(batch)))
     results = []
-    for index in range(len(pieces[0][1])):
-        first = pieces[0][1][index]
-        values = np.empty((len(order),) + first.shape[1:], first.dtype)
-        for rows, outputs in pieces:
-            values[rows] = outputs[index]
+    for outputs in zip(*pieces):
+        values = np.concatenate(outputs)
+        values[order] = values.copy()
         results.append(values)
     return results if len(results) > 1 else results[0]
 

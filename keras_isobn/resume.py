@@ -38,9 +38,11 @@ checkpoint.restore_best(model)  # The weights of the best epoch.
 import contextlib
 import csv
 import fcntl
+import functools
 import json
 import math
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -151,8 +153,12 @@ class SeededBatches(keras.utils.PyDataset):
             return (x,) + tuple(batch[1:])
 
         dataset = tf.data.Dataset.from_tensor_slices(rows)
-        dataset = dataset.batch(self.batch_size).map(gather)
-        return dataset.prefetch(tf.data.AUTOTUNE)
+        dataset = dataset.batch(self.batch_size).map(gather).prefetch(2)
+        # No autotuning: deleting the iterator (as `fit` ends) can wait up
+        # to a minute for TensorFlow's autotuning thread to wake up.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return dataset.with_options(options)
 
     def order(self, epoch):
         """The example indices of `epoch`, in the order they are batched."""
@@ -237,10 +243,12 @@ class TrainingCheckpoint(keras.callbacks.Callback):
     statistics and random-seed states) and `model.optimizer.variables`
     (iterations, moments), with the logs of every epoch so far and, on
     PyTorch, the state of torch's global random generator (which Keras's
-    unseeded dropout draws from). When `monitor` improves it first writes `best.npz`, the model variables of
-    that epoch; with `csv_path` it then rewrites that CSV file with the
-    logs of every epoch (a `CSVLogger` that a kill cannot leave with a
-    missing or doubled row). `restore()` reads them back before `fit`.
+    unseeded dropout draws from). When `monitor` improves, `best.npz` is that
+    epoch's state too: a second link to the file, made before `state.npz`
+    is replaced, not a second write. With `csv_path` it then rewrites that
+    CSV file with the logs of every epoch (a `CSVLogger` that a kill cannot
+    leave with a missing or doubled row). `restore()` reads them back
+    before `fit`, `restore_best()` the best epoch's model variables.
 
     Args:
         directory: Folder of the checkpoint files (created if needed).
@@ -354,9 +362,11 @@ class TrainingCheckpoint(keras.callbacks.Callback):
     def restore_best(self, model):
         """Sets the model variables to those of the best epoch."""
         with np.load(self.best_path) as best:
+            key = "model_count" if "model_count" in best else "count"
+            count = int(best[key])
             _assign(
                 model.variables,
-                [best[f"v{i}"] for i in range(int(best["count"]))],
+                [best[f"v{i}"] for i in range(count)],
                 self.best_path,
             )
 
@@ -364,23 +374,24 @@ class TrainingCheckpoint(keras.callbacks.Callback):
         row = {"epoch": epoch}
         row.update({k: _to_float(v) for k, v in (logs or {}).items()})
         self.epochs = [r for r in self.epochs if r["epoch"] < epoch] + [row]
-        if self.monitor is not None:
-            if self.monitor not in row:
-                raise ValueError(
-                    f"TrainingCheckpoint monitors {self.monitor!r}, which is "
-                    f"not in the logs ({', '.join(sorted(row))}). Put the "
-                    "callback that logs it before the checkpoint."
-                )
-            if self.best_epoch() == len(self.epochs) - 1:
-                _save(self.best_path, self.model.variables)
-        extra = {}
+        if self.monitor is not None and self.monitor not in row:
+            raise ValueError(
+                f"TrainingCheckpoint monitors {self.monitor!r}, which is not "
+                f"in the logs ({', '.join(sorted(row))}). Put the callback "
+                "that logs it before the checkpoint."
+            )
+        best = self.monitor is not None and (
+            self.best_epoch() == len(self.epochs) - 1
+        )
+        extra = {"model_count": len(self.model.variables)}
         if keras.backend.backend() == "torch":
             import torch
 
             extra["torch_rng"] = torch.get_rng_state().numpy()
         _save(
-            self.state_path, _state_variables(self.model), self.epochs, **extra
-        )
+            self.state_path, _state_variables(self.model), self.epochs,
+            also=self.best_path if best else None, **extra,
+        )  # fmt: skip
         self._write_csv()
 
     def _write_csv(self):
@@ -500,19 +511,33 @@ def exclusive(directory):
         yield
 
 
-def _save(path, variables, epochs=(), **extra):
-    """Writes the variables (logs, extra arrays) to `path`, atomically."""
+def _save(path, variables, epochs=(), also=None, **extra):
+    """Writes the variables (logs, extra arrays) to `path`, atomically.
+
+    With `also`, the file is also at that path (a hard link, or a copy where
+    the file system has none), put there before `path` is replaced.
+    """
     arrays = {
         f"v{i}": keras.ops.convert_to_numpy(variable)
         for i, variable in enumerate(variables)
     }
-    atomic_write(
-        path,
-        lambda temporary: np.savez(
+
+    def write(temporary):
+        np.savez(
             temporary, count=len(arrays), epochs=json.dumps(list(epochs)),
             **arrays, **extra,
-        ),
-    )
+        )  # fmt: skip
+        if also is not None:
+            atomic_write(also, functools.partial(_link, temporary))
+
+    atomic_write(path, write)
+
+
+def _link(source, path):
+    try:
+        os.link(source, path)
+    except OSError:  # No hard links here (e.g. FAT, some network drives).
+        shutil.copyfile(source, path)
 
 
 def _assign(variables, values, path):

@@ -231,12 +231,15 @@ def run(args, task, data, norm, seed):
             args.learning_rate, total_steps=steps, epsilon=args.adam_epsilon,
             warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
         ), jit_compile=args.jit_compile)  # fmt: skip
-        # Train and predict on token ids, tokenized once per task.
+        # Token ids, once per task: all splits in one (traced) pipeline.
         if "inputs" not in data:
-            data["inputs"] = {
-                "train": models.tokenize(model, data["train"].features),
-                "dev": [models.tokenize(model, d.features) for d in data["dev"]],
-            }
+            splits = [data["train"], *data["dev"]]
+            tokens = models.tokenize(model, keras.tree.map_structure(
+                lambda *f: np.concatenate(f), *[s.features for s in splits]))
+            ends = np.cumsum([len(s) for s in splits])[:-1]
+            pieces = [dict(zip(tokens, arrays)) for arrays in
+                      zip(*[np.split(a, ends) for a in tokens.values()])]
+            data["inputs"] = {"train": pieces[0], "dev": pieces[1:]}
         inputs = data["inputs"]
         preprocessor, model.preprocessor = model.preprocessor, None
         metric_fn = functools.partial(glue.compute_metrics, task)

@@ -1,4 +1,5 @@
 import csv
+import json
 import math
 import os
 import subprocess
@@ -96,6 +97,9 @@ def test_as_tf_dataset_yields_the_same_batches():
         np.testing.assert_array_equal(bx["features"], want_x["features"])
         np.testing.assert_array_equal(by, want_y)
         assert bx["features"].dtype == np.float32 and by.dtype == np.int32
+    # Not autotuned: deleting an autotuned iterator (as `fit` ends) can wait
+    # up to a minute for TensorFlow's autotuning thread.
+    assert batches.as_tf_dataset().options().autotune.enabled is False
     # Raw strings, as a KerasHub task takes them.
     text = np.array([f"sentence {i}" for i in range(6)])
     strings = SeededBatches(text, y[:6], batch_size=3, seed=1, epochs=2)
@@ -288,6 +292,13 @@ def test_restore_best_and_csv(tmp_path):
     assert any(
         not np.array_equal(a, b) for a, b in zip(last, scores.weights[1])
     )
+    # `best.npz` is the best epoch's whole state (logs of epochs 0-1), kept
+    # as a second link to that file rather than written again.
+    with np.load(checkpoint.best_path) as best:
+        assert len(json.loads(str(best["epochs"]))) == 2
+    single = TrainingCheckpoint(str(tmp_path / "one"), monitor="score")
+    _fit_scored(_model(), [_Scores([0.5]), single], epochs=1)
+    assert os.path.samefile(single.state_path, single.best_path)
 
     with open(csv_path) as file:
         rows = list(csv.DictReader(file))

@@ -217,10 +217,14 @@ def tokenize(classifier, features, batch_size=1024):
     import tensorflow as tf  # KerasHub preprocesses in tf.data.
 
     # `(features,)`: a pair `(first, second)` is one `x`, not `(x, y)`.
+    # No autotuning: its thread can hold up the iterator's deletion.
+    options = tf.data.Options()
+    options.autotune.enabled = False
     batches = (
         tf.data.Dataset.from_tensor_slices((features,))
         .batch(batch_size)
         .map(classifier.preprocess_samples, num_parallel_calls=tf.data.AUTOTUNE)
+        .with_options(options)
     )
     return keras.tree.map_structure(
         lambda *arrays: np.concatenate(arrays), *batches.as_numpy_iterator()
