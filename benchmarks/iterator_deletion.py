@@ -100,15 +100,31 @@ def main(argv=None):
         "command": "python -m benchmarks.iterator_deletion "
         f"--trials {args.trials} --seconds {args.seconds:g}",
         "environment": common.environment(backend=False),
+        "settings": {"trials": args.trials, "seconds": args.seconds},
         "deletion_s": results,
     }
     os.makedirs(args.output, exist_ok=True)
     path = os.path.join(args.output, "iterator_deletion.json")
     with open(path, "w") as file:
         json.dump(payload, file, indent=2)
+    env = payload["environment"]
+    lines = [
+        "# Deleting a tf.data iterator, autotuned or not", "",
+        f"`{payload['command']}`: {args.trials} trials of each kind at "
+        f"once, each iterator read for {args.seconds:g} s while the main "
+        "thread computes, then deleted. See `benchmarks/iterator_deletion.py`"
+        " and `ANALYSIS.md#main-job`.", "",
+        "| pipeline | deletion, each trial (s) |", "|---|---|",
+    ]  # fmt: skip
     for kind, seconds in results.items():
-        print(f"{kind}: deletion took " + ", ".join(f"{s:.2f}" for s in seconds)
-              + " s")
+        lines.append(f"| {kind} | " + ", ".join(f"{s:.2f}" for s in seconds)
+                     + " |")
+    lines += ["", f"Machine: {env['cpu_model']}, {env['cpu_count_usable']} "
+              f"usable CPUs, {env['date']}; tensorflow "
+              f"{env['versions'].get('tensorflow')}."]
+    with open(os.path.join(args.output, "iterator_deletion.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines[6:]))
     print(path)
 
 
