@@ -428,9 +428,10 @@ def _predict(model, x, batch_size, trim=None):
     """`model.predict(x)`, batch by batch; with `trim`, by length, cut.
 
     `predict_on_batch` makes no data pipeline per call (on TensorFlow,
-    `predict` makes a `tf.data` iterator whose deletion can wait seconds
-    for its autotuning thread); `predict` splits batches across devices
-    when a model is distributed. `x`'s rows are a multiple of `batch_size`.
+    `predict` makes an autotuned `tf.data` iterator, whose deletion can
+    wait for the thread that autotuning starts); `predict` splits batches
+    across devices when a model is distributed. `x`'s rows are a multiple
+    of `batch_size`.
     """
     # Imported here: `import keras_isobn` loads `callbacks`, not `resume`.
     from keras_isobn.resume import trim_padding

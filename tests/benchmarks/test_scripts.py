@@ -12,7 +12,6 @@ from benchmarks import distributed_step
 from benchmarks import gpu_check
 from benchmarks import import_cost
 from benchmarks import isotropy_minilm
-from benchmarks import iterator_deletion
 from benchmarks import layer_cost
 from benchmarks import report
 from benchmarks import run
@@ -226,15 +225,3 @@ def test_report_checks_the_layer_alone_against_the_target(layer_s, expected):
     )
     assert status == "not resolved by the paired timing; " + expected
     assert f"layer alone {100 * layer_s:.3f}%" in measured
-
-
-def test_iterator_deletion_times_both_kinds(tmp_path):
-    iterator_deletion.main(
-        ["--trials", "1", "--seconds", "1", "--output", str(tmp_path)]
-    )
-    with open(tmp_path / "iterator_deletion.json") as file:
-        payload = json.load(file)
-    assert payload["command"].endswith("--trials 1 --seconds 1")
-    for kind in ("autotuned", "not-autotuned"):
-        (seconds,) = payload["deletion_s"][kind]
-        assert 0 <= seconds < 60 and math.isfinite(seconds)
