@@ -79,6 +79,24 @@ def test_tokenize_matches_the_preprocessor():
     )
 
 
+def test_tokenize_pipeline_is_not_autotuned(monkeypatch):
+    # Deleting an autotuned iterator was seen to wait 20-40 s for the
+    # thread that autotuning starts (benchmarks/results/ANALYSIS.md).
+    import tensorflow as tf
+
+    read = tf.data.Dataset.as_numpy_iterator
+    seen = []
+
+    def checked(dataset):
+        seen.append(dataset.options().autotune.enabled)
+        return read(dataset)
+
+    monkeypatch.setattr(tf.data.Dataset, "as_numpy_iterator", checked)
+    x = keras_isobn.models.tokenize(_small(), tiny.SENTENCES, batch_size=3)
+    assert seen == [False]
+    assert x["token_ids"].shape == (8, 16)
+
+
 def test_tokenize_sentence_pairs():
     classifier = _small()
     pairs = (tiny.SENTENCES, tiny.SECOND_SENTENCES)
