@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import csv
 import functools
+import gc
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -199,8 +200,13 @@ def recipe_argv(args, job):
 def run_recipe(args, phases):
     """Runs `recipes/glue.py`'s `main`, its functions timed."""
     sys.path.insert(0, os.path.join(common.REPO_ROOT, "recipes"))
+    # Python's garbage collector as in `python recipes/glue.py` (off during
+    # the imports, what they made frozen, all frozen again before exit).
     with phases("imports"):
+        gc.disable()
         import glue as recipe
+        gc.freeze()
+        gc.enable()
     import keras
     from keras_isobn import callbacks
     from keras_isobn import resume
@@ -367,6 +373,8 @@ def child(args):
         ended_at=time.time(),
     )
     print(json.dumps(record, default=float), flush=True)
+    if args.child in RECIPES:
+        gc.freeze()
 
 
 def backend_of(job):

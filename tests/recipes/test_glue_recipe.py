@@ -140,6 +140,37 @@ def test_data_parallel_on_two_devices(tmp_path, capsys):
     assert 0 < results["ev"]["after"]["out"] <= 1
 
 
+def test_command_keeps_the_garbage_collector_off_its_imports(tmp_path):
+    # `python recipes/glue.py`: no collection runs until Keras, KerasHub
+    # and the backend are imported; what they made is frozen, and all is
+    # frozen again at the end (the interpreter's last collections skip it).
+    recipe = glue_recipe.__file__
+    code = (
+        "import gc, runpy, sys\n"
+        "early = []\n"
+        "gc.callbacks.append(lambda phase, info: early.append(1) if\n"
+        "    phase == 'start' and 'keras' in sys.modules and\n"
+        "    'keras_isobn.resume' not in sys.modules else None)\n"
+        f"sys.path.insert(0, {os.path.dirname(recipe)!r})\n"
+        f"runpy.run_path({recipe!r}, run_name='__main__')\n"
+        "print('gc', len(early), gc.get_freeze_count(), gc.isenabled())\n"
+    )
+    argv = FAST + ["--task", "sst2", "--norm", "isobn",
+                   "--output-dir", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert (tmp_path / "sst2" / "isobn" / "seed-1" / "results.json").is_file()
+    _, early, frozen, enabled = done.stdout.strip().splitlines()[-1].split()
+    assert early == "0"  # None from `import keras` to the recipe's last.
+    assert int(frozen) > 100_000 and enabled == "True"
+
+
 def test_defaults_are_the_papers_with_a_preset():
     args = glue_recipe.parse_args(["--task", "rte", "--preset", "x"])
     assert (args.max_sequence_length, args.batch_size) == (256, 16)
