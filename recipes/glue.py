@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Python's cyclic garbage collector off, then freezes (`gc.freeze`) the
 # millions of objects they made, which live to the end, and freezes all
 # again before the interpreter exits: the collector would otherwise go over
-# them again and again, and once more at exit (about 3.5 s of every job).
+# them again and again, and once more at exit (2-4 s of every job).
 if __name__ == "__main__":
     gc.disable()
 
