@@ -492,10 +492,6 @@ def test_bad_input_shapes_raise():
 
 
 class IsoBatchNormalizationLayerTest(testing.TestCase):
-    # On TensorFlow the base class is `tf.test.TestCase`, whose deprecated
-    # `test_session` helper pytest would collect and report as skipped.
-    test_session = None
-
     def test_keras_layer_conventions(self):
         self.run_layer_test(
             IsoBatchNormalization,
