@@ -53,13 +53,33 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+def _backend_adamw_class():
+    """The class of the objects `keras.optimizers.AdamW(...)` returns.
+
+    On PyTorch, Keras swaps `keras.optimizers.AdamW` for a subclass of it
+    that updates all variables at once with a few `torch._foreach_*`
+    calls, but only when that exact class is instantiated: a subclass of
+    `keras.optimizers.AdamW` falls back to an update variable by variable,
+    about ten times the operations (and kernel launches) per step.
+    Subclassing the class the public constructor really returns keeps the
+    fast path. It is `keras.optimizers.AdamW` itself on TensorFlow and JAX.
+    """
+    return type(keras.optimizers.AdamW.__new__(keras.optimizers.AdamW))
+
+
 @keras.saving.register_keras_serializable(package="keras_isobn")
-class FineTuningAdamW(keras.optimizers.AdamW):
+class FineTuningAdamW(_backend_adamw_class()):
     """AdamW whose weight decay spares variables by name, also once reloaded.
 
     `keras.optimizers.AdamW.exclude_from_weight_decay()` is not part of the
     optimizer's config, so a reloaded AdamW would decay every variable
     again. This subclass keeps the excluded names in its config.
+
+    It updates exactly as `keras.optimizers.AdamW` with the same arguments
+    and exclusions does, with the same operations on every backend (on
+    PyTorch, Keras's batched `torch._foreach_*` update), except that a
+    weight decay of `0` costs nothing: no pass over the variables, and no
+    evaluation of the learning rate schedule for it.
 
     Args:
         exclude_from_weight_decay_names: Sequence of strings; variables
@@ -79,6 +99,15 @@ class FineTuningAdamW(keras.optimizers.AdamW):
         self.exclude_from_weight_decay(
             var_names=self.exclude_from_weight_decay_names
         )
+
+    def _apply_weight_decay(self, variables):
+        # Keras's AdamW multiplies every variable by `1 - 0 * lr` when the
+        # decay is 0: a pass over the weights and a schedule evaluation
+        # that leave every value as it was.
+        weight_decay = self.weight_decay
+        if isinstance(weight_decay, (int, float)) and not weight_decay:
+            return
+        super()._apply_weight_decay(variables)
 
     def get_config(self):
         config = super().get_config()
