@@ -455,25 +455,20 @@ def section_end_to_end(runs):
 def section_gpu(runs):
     rows = []
     for payload in runs:
-        ratio = payload["step_ratio_isobn_to_none"]
-        timing = payload["step_time"]
+        failed = [k for k, v in payload["checks"].items() if not v]
+        goals = "; ".join(
+            f"{name} {goal['measured']:.3f} "
+            f"{'met' if goal['met'] else '**missed**'}"
+            for name, goal in payload["goals"].items()
+        )
         rows.append([
             f"`{payload['file']}`",
             ", ".join(payload["environment"].get("devices", [])[:1]),
-            "PASS" if payload["passed"] else "FAIL: " + ", ".join(
-                k for k, v in payload["checks"].items() if not v
-            ),
-            payload["settings"]["steps"],
-            f"{payload['dev_accuracy']:.3f}",
-            f"{us(timing['none']['median_s'])} / "
-            f"{us(timing['isobn']['median_s'])}" if timing else "-",
-            f"{ratio['median']:.4f}" if ratio else "-",
+            "PASS" if payload["passed"] else "FAIL: " + ", ".join(failed),
+            goals or "-",
+            "<br>".join(payload["summary"]),
         ])
-    return table(
-        ["file", "device", "checks", "steps", "dev accuracy",
-         "step without / with IsoBN", "paired ratio"],
-        rows,
-    )
+    return table(["file", "device", "checks", "goals", "summary"], rows)
 
 
 def section_import_cost(runs):
@@ -547,7 +542,8 @@ def render(results, others=()):
         "Rerun with `python -m benchmarks` (every benchmark and backend; "
         "`--help` for options) or one script at a time, e.g. `python -m "
         "benchmarks.layer_cost --backend jax`; the GPU check is "
-        "`benchmarks/gpu_check.sh GLUE_DIR` (`--small` on a CPU).",
+        "`benchmarks/gpu_check.sh bundle GLUE_DIR OUT`, then `run OUT` on "
+        "the GPU host.",
         "",
         "## Goals",
         "",
@@ -568,8 +564,9 @@ def render(results, others=()):
          "classifier without IsoBN; the control is a second one without "
          "IsoBN.", section_end_to_end),
         ("gpu_check", "GPU check",
-         "`benchmarks/gpu_check.sh`; rows run with `--small` are a smoke "
-         "test of the script (accuracy not checked).", section_gpu),
+         "`benchmarks/gpu_check.sh run BUNDLE` on a GPU host (rows run "
+         "with `--small` are a smoke test: accuracy not checked).",
+         section_gpu),
         ("import_cost", "Import cost",
          "Fresh processes, the two statements in alternation; medians of "
          "the whole process's time and of its peak resident memory "

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import sys
 
 import keras
 import keras_hub
@@ -85,9 +86,11 @@ class IsoBNTextClassifier(keras_hub.models.TextClassifier):
         if mask is not None and (
             keras.backend.standardize_dtype(mask.dtype) == "bool"
         ):
-            import tensorflow as tf  # KerasHub's preprocessing uses it.
-
-            if isinstance(mask, tf.Tensor):  # In a tf.data pipeline.
+            # In a tf.data pipeline the mask is a tf.Tensor; TensorFlow is
+            # then loaded. Without it (a GPU host with JAX or PyTorch
+            # alone), `train_on_batch` on token ids must not import it.
+            tf = sys.modules.get("tensorflow")
+            if tf is not None and isinstance(mask, tf.Tensor):
                 mask = tf.cast(mask, "int32")
             else:
                 mask = keras.ops.cast(mask, "int32")

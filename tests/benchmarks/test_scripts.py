@@ -3,13 +3,11 @@
 import json
 import math
 import os
-import subprocess
 
 import keras
 import pytest
 
 from benchmarks import distributed_step
-from benchmarks import gpu_check
 from benchmarks import import_cost
 from benchmarks import isotropy_minilm
 from benchmarks import layer_cost
@@ -17,9 +15,6 @@ from benchmarks import report
 from benchmarks import run
 
 BACKEND = keras.backend.backend()
-SCRIPT = os.path.join(
-    os.path.dirname(gpu_check.__file__), "gpu_check.sh"
-)
 
 
 @pytest.fixture(scope="module")
@@ -161,41 +156,6 @@ def test_distributed_step_times_every_head(tmp_path):
         assert all(r["count"] == 2 for r in child["results"])
     with open(os.path.splitext(path)[0] + ".md") as f:
         assert "IsoBN, global-batch statistics" in f.read()
-
-
-def test_gpu_check_passes_at_tiny_size(tmp_path):
-    from keras_isobn.glue import sample_data_dir
-
-    path, passed = gpu_check.main(
-        [sample_data_dir(), "--small", "--backbone", "tiny", "--steps", "3",
-         "--dev-examples", "16", "--timing-steps", "0", "--output",
-         str(tmp_path)]
-        + (["--eager"] if BACKEND != "jax" else [])
-    )
-    with open(path) as f:
-        payload = json.load(f)
-    checks = payload["checks"]
-    assert "step_overhead" not in checks  # --timing-steps 0: not timed.
-    assert all(checks.values()), checks
-    assert passed
-    records = payload["statistics_records"]
-    assert [r["step"] for r in records] == [1, 2, 3, "end"]
-    assert all(r["dtypes"] == ["float32", "float32"] for r in records)
-
-
-def test_gpu_check_script_usage_and_bad_folder(tmp_path):
-    shown = subprocess.run(
-        ["bash", SCRIPT, "--help"], capture_output=True, text=True
-    )
-    assert shown.returncode == 0
-    assert "GLUE_DIR" in shown.stdout and "--small" in shown.stdout
-    missing = subprocess.run(
-        ["bash", SCRIPT, str(tmp_path / "nowhere"), "--small"],
-        capture_output=True,
-        text=True,
-    )
-    assert missing.returncode == 2
-    assert "SST-2/{train,dev}.tsv not found" in missing.stderr
 
 
 @pytest.mark.parametrize("layer_s, expected", [

@@ -1,0 +1,236 @@
+"""The GPU check at a tiny size: the bundle, and its runner without TF.
+
+The runner must work on a GPU host that has no TensorFlow: it runs here
+in subprocesses where `import tensorflow` fails (a `sitecustomize` that
+sets `sys.modules["tensorflow"] = None`), through `gpu_check.sh` itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from benchmarks import gpu_bundle
+from benchmarks import gpu_check
+
+BACKEND = keras.backend.backend()
+SCRIPT = os.path.join(os.path.dirname(gpu_check.__file__), "gpu_check.sh")
+SIZES = ["--train-examples", "48", "--dev-examples", "24",
+         "--sequence-length", "16"]
+
+
+def sample_dir():
+    from keras_isobn.glue import sample_data_dir
+
+    return sample_data_dir()
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("bundle") / "b")
+    manifest = gpu_bundle.main(
+        [folder, "--glue-dir", sample_dir(), "--checkpoint", "tiny",
+         "--no-wheels", *SIZES]
+    )
+    return folder, manifest
+
+
+@pytest.fixture(scope="module")
+def without_tensorflow(tmp_path_factory):
+    """Environment whose Python processes cannot import TensorFlow."""
+    folder = tmp_path_factory.mktemp("no_tf")
+    (folder / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['tensorflow'] = None\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND=BACKEND)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(folder)] + [p for p in [env.get("PYTHONPATH")] if p]
+    )
+    env["PYTHON"] = sys.executable
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import tensorflow"], env=env,
+        capture_output=True, text=True,
+    )
+    assert blocked.returncode != 0 and "halted" in blocked.stderr
+    return env
+
+
+def test_bundle_holds_the_token_ids_labels_and_checkpoint(bundle):
+    import keras_hub
+
+    from keras_isobn import glue
+
+    folder, manifest = bundle
+    assert manifest["task"] == "sst2" and manifest["num_classes"] == 2
+    assert manifest["train_examples"] == 48
+    assert manifest["dev_examples"] == 24
+    assert manifest["wheels"] == []
+    assert set(manifest["files"]) == {
+        "checkpoint/config.json", "checkpoint/model.safetensors",
+        "checkpoint/tokenizer_config.json", "checkpoint/vocab.txt",
+        "data.npz",
+    }
+    b = gpu_check.Bundle(folder)
+    task = glue.get_task("sst2")
+    train = glue.load_split(task, "train", data_dir=sample_dir()).limit(48)
+    # The seeded order of `GlueSplit.limit`, tokenized by the checkpoint's
+    # own preprocessor.
+    np.testing.assert_array_equal(b.labels("train"), train.labels)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
+        b.checkpoint, sequence_length=16
+    )
+    expected = preprocessor(train.features[:5])
+    x = b.inputs("train", slice(0, 5))
+    for key in ("token_ids", "segment_ids", "padding_mask"):
+        np.testing.assert_array_equal(
+            x[key], keras.ops.convert_to_numpy(expected[key])
+        )
+    assert x["token_ids"].dtype == np.int32
+    assert b.arrays["train_token_ids"].dtype == np.uint16
+    assert b.inputs("dev")["token_ids"].shape == (24, 16)
+
+
+def test_checkpoint_is_stored_in_float16_and_loads_as_float32(tmp_path):
+    from safetensors.numpy import load_file
+
+    source = tmp_path / "source"
+    from keras_isobn.glue import sample_vocabulary_path
+
+    gpu_bundle.write_tiny_checkpoint(str(source), sample_vocabulary_path())
+    cast = gpu_bundle.write_checkpoint(str(source), str(tmp_path / "half"))
+    full = load_file(str(source / "model.safetensors"))
+    half = load_file(str(tmp_path / "half" / "model.safetensors"))
+    assert set(full) == set(half) and cast["tensors"] == len(full)
+    errors = []
+    for name, value in full.items():
+        assert half[name].dtype == np.float16
+        errors.append(np.max(np.abs(half[name].astype("float32") - value)))
+        np.testing.assert_allclose(half[name], value, rtol=1e-3, atol=1e-7)
+    assert cast["float16_max_abs_error"] == pytest.approx(max(errors))
+
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone.from_preset(
+        str(tmp_path / "half"), dtype="float32"
+    )
+    embeddings = backbone.get_layer("token_embedding").embeddings
+    assert embeddings.dtype == "float32"
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(embeddings),
+        half["embeddings.word_embeddings.weight"].astype("float32"),
+    )
+
+
+def test_bundle_errors_name_the_problem(tmp_path, bundle):
+    with pytest.raises(FileExistsError, match="not empty"):
+        gpu_bundle.main([bundle[0], "--glue-dir", sample_dir(),
+                         "--checkpoint", "tiny", "--no-wheels", *SIZES])
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        gpu_bundle.main([str(tmp_path / "b"), "--glue-dir", sample_dir(),
+                         "--checkpoint", str(tmp_path), "--no-wheels"])
+    with pytest.raises(ValueError, match="over --max-mb"):
+        gpu_bundle.main([str(tmp_path / "c"), "--glue-dir", sample_dir(),
+                         "--checkpoint", "tiny", "--no-wheels",
+                         "--max-mb", "0.001", *SIZES])
+    with pytest.raises(ValueError, match="regression task"):
+        gpu_bundle.main([str(tmp_path / "d"), "--glue-dir", sample_dir(),
+                         "--checkpoint", "tiny", "--no-wheels",
+                         "--task", "stsb", *SIZES])
+    with pytest.raises(FileNotFoundError, match="not a GPU-check bundle"):
+        gpu_check.Bundle(str(tmp_path))
+
+
+def test_script_usage_and_bad_bundle(tmp_path):
+    shown = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True,
+                           text=True)
+    assert shown.returncode == 0
+    assert "bundle GLUE_DIR OUT" in shown.stdout and "run OUT" in shown.stdout
+    for argv in ([], ["bundle"], ["run", str(tmp_path / "nowhere")]):
+        done = subprocess.run(["bash", SCRIPT, *argv], capture_output=True,
+                              text=True)
+        assert done.returncode == 2, argv
+    assert "is not a bundle" in done.stderr
+
+
+def test_runner_refuses_tensorflow_and_runs_without_it(
+    bundle, without_tensorflow, tmp_path
+):
+    if BACKEND == "tensorflow":  # A bare GPU host has no TensorFlow.
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.gpu_check", "run", bundle[0],
+             "--output", str(tmp_path), "--small"],
+            capture_output=True, text=True, env=dict(os.environ),
+        )
+        assert done.returncode != 0
+        assert "KERAS_BACKEND=jax or KERAS_BACKEND=torch" in done.stderr
+        return
+    output = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", SCRIPT, "run", bundle[0], "--small", "--backends", BACKEND,
+         "--no-jit", "--no-hf", "--output", str(output)],
+        env=without_tensorflow, capture_output=True, text=True,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu_check: PASS" in done.stdout
+    assert sorted(os.listdir(output)) == [
+        "gpu_check.json", f"part_{BACKEND}.json"
+    ]
+    with open(output / "gpu_check.json") as f:
+        payload = json.load(f)
+    assert payload["passed"] is True
+    assert payload["environment"]["backend"] == BACKEND
+    checks = payload["checks"]
+    for section in ("finetune", "bfloat16"):
+        for check in ("statistics_float32", "layer_computes_in_policy_dtype",
+                      "statistics_finite", "statistics_updated",
+                      "scale_finite_positive", "losses_finite"):
+            assert checks[f"{BACKEND}/{section}/{check}"] is True
+    sections = payload["parts"][BACKEND]["sections"]
+    assert list(sections) == ["finetune", "throughput", "layer", "bfloat16"]
+    finetune = sections["finetune"]
+    assert finetune["steps"] == 48 // 8
+    steps = [r["step"] for r in finetune["statistics_records"]]
+    assert steps == [1, 2, 3, 4, 5, 6, "end"]
+    assert finetune["layer_compute_dtype"] == "float16"
+    assert sections["bfloat16"]["layer_compute_dtype"] == "bfloat16"
+    assert 0.0 <= finetune["dev_accuracy"] <= 1.0
+    throughput = sections["throughput"]
+    assert set(throughput["fit"]) == set(gpu_check.VARIANTS)
+    for timing in throughput["fit"].values():
+        assert timing["examples_per_s"] > 0
+    for ratio in throughput["ratios"].values():
+        assert ratio["fit_blocks"] > 0
+        assert ratio["train_on_batch"]["median"] > 0
+    layer = sections["layer"]
+    assert layer["median_ms"]["train/isobn"] > 0
+    assert layer["median_ms"]["train/batchnorm"] > 0
+    assert f"fine_tuning_adamw_over_keras_adamw_{BACKEND}" in payload["goals"]
+    assert any("train examples/s" in row for row in payload["summary"])
+
+
+def test_merge_fails_on_a_failed_check_or_an_unfinished_section(tmp_path):
+    def part(name, sections):
+        payload = {"part": name, "environment": {"devices": ["cpu"]},
+                   "settings": {"small": True}, "sections": sections}
+        with open(tmp_path / f"part_{name}.json", "w") as f:
+            json.dump(payload, f)
+
+    part("jax", {"finetune": {"checks": {"statistics_finite": True}}})
+    assert gpu_check.merge(str(tmp_path))[1] is True
+    part("torch", {"finetune": {"unfinished": True}})
+    path, passed = gpu_check.merge(str(tmp_path))
+    assert passed is False
+    with open(path) as f:
+        assert json.load(f)["checks"]["torch/finetune/ran"] is False
+    # An unfinished jit_compile=True is reported, not failed.
+    os.remove(tmp_path / "part_torch.json")
+    part("torch_jit", {"jit": {"unfinished": True}})
+    path, passed = gpu_check.merge(str(tmp_path))
+    assert passed is True
+    with open(path) as f:
+        assert "did not finish" in " ".join(json.load(f)["summary"])
