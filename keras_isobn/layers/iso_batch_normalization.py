@@ -7,6 +7,12 @@ from keras import ops
 _TINY = 2.0**-126
 
 
+def _diagonal(matrix):
+    """The diagonal of a square matrix, as a strided slice of its values."""
+    dim = ops.shape(matrix)[-1]
+    return ops.reshape(matrix, (-1,))[:: dim + 1]
+
+
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class IsoBatchNormalization(keras.layers.Layer):
     """Isotropic Batch Normalization (IsoBN).
@@ -36,7 +42,8 @@ class IsoBatchNormalization(keras.layers.Layer):
     In training (`training=True` and the layer trainable), the statistics
     of the batch are computed first, in float32, over every axis but the
     last: with `Y` the centred batch of `n` rows, `C = Y^T Y / n` and
-    `s = sqrt(mean(Y ** 2))`. They update the moving statistics,
+    `s = sqrt(mean(Y ** 2))`, read from the diagonal of the same product
+    (`s_i = sqrt(C_ii)`). They update the moving statistics,
     `moving_covariance += momentum * (C - moving_covariance)` and likewise
     `moving_std`, and the batch is then normalised with the *updated*
     moving statistics, exactly as in the authors' implementation. Each
@@ -220,8 +227,7 @@ class IsoBatchNormalization(keras.layers.Layer):
 
     def call(self, inputs, training=None, mask=None):
         if training and self.trainable:
-            self._update_moving_statistics(inputs, mask)
-            scale = self.scale()
+            scale = self._scale(*self._update_moving_statistics(inputs, mask))
             self.moving_scale.assign(scale)
         else:
             scale = ops.convert_to_tensor(self.moving_scale)
@@ -240,11 +246,31 @@ class IsoBatchNormalization(keras.layers.Layer):
             layer has seen no data.
         """
         covariance = ops.convert_to_tensor(self.moving_covariance)
-        std = ops.convert_to_tensor(self.moving_std)
+        weight = None
         if self.bias_correction:
             weight = ops.convert_to_tensor(self.moving_weight)
+        variance = _diagonal(covariance)
+        return self._scale(
+            covariance,
+            variance,
+            ops.sum(variance),
+            ops.convert_to_tensor(self.moving_std),
+            weight,
+        )
+
+    def update_moving_scale(self):
+        """Sets `moving_scale`, the scale inference uses, to `scale()`."""
+        self.moving_scale.assign(self.scale())
+
+    def _scale(self, covariance, variance, total, std, weight):
+        """`scale()` from given statistics: `variance` is the diagonal of
+        `covariance`, `total` its sum, `weight` the moving weight (`None`
+        without bias correction)."""
+        if self.bias_correction:
             correction = ops.where(weight > 0.0, 1.0 / weight, 0.0)
             covariance = covariance * correction
+            variance = variance * correction
+            total = total * correction
             std = std * correction
 
         # rho_ij ** 2 = (Cov_ij / std_i / std_j) ** 2, clipped at 1, from
@@ -257,8 +283,6 @@ class IsoBatchNormalization(keras.layers.Layer):
         correlation = covariance * inverse[:, None] * inverse[None, :]
         gamma = ops.mean(ops.minimum(ops.square(correlation), 1.0), axis=1)
         a = ops.power(gamma * std + self.epsilon, -self.beta)
-        variance = ops.diagonal(covariance)
-        total = ops.sum(variance)
         target = total
         if self.output_variance == "unit":
             target = ops.cast(ops.shape(variance)[0], "float32")
@@ -266,11 +290,16 @@ class IsoBatchNormalization(keras.layers.Layer):
         # No statistics yet (or all zero): leave the inputs unchanged.
         return ops.where(total > 0.0, m * a, ops.ones_like(a))
 
-    def update_moving_scale(self):
-        """Sets `moving_scale`, the scale inference uses, to `scale()`."""
-        self.moving_scale.assign(self.scale())
-
     def _update_moving_statistics(self, inputs, mask):
+        """Updates the moving statistics from a batch.
+
+        Returns:
+            The arguments of `_scale()` for the updated statistics: the
+            moving covariance, its diagonal and trace, the moving std and
+            the moving weight (`None` without bias correction), as tensors,
+            so that the scale is computed without reading the variables
+            again.
+        """
         dim = self.moving_std.shape[0]
         x = ops.cast(ops.stop_gradient(inputs), "float32")
         x = ops.reshape(x, (-1, dim))
@@ -280,38 +309,62 @@ class IsoBatchNormalization(keras.layers.Layer):
             weights = ops.reshape(ops.cast(mask, "float32"), (-1, 1))
             rows = ops.sum(weights)
             x = x * weights
-        count, total = self._batch_sum(rows, ops.sum(x, axis=0))
-        centred = x - ops.divide_no_nan(total, count)
+        count, sums = self._batch_sum(rows, ops.sum(x, axis=0))
+        # The mean by a division, as `sums * (1 / n)` is further from a
+        # nearly constant feature's values, which centring turns into std.
+        centred = x - ops.divide_no_nan(sums, count)
         if mask is not None:
             # With 0/1 weights, (w * y)^T (w * y) = sum_k w_k y_k y_k^T.
             centred = centred * weights
-        count, squares = self._batch_sum(
-            rows, ops.sum(ops.square(centred), axis=0)
+        _, product = self._batch_sum(
+            rows, ops.matmul(ops.transpose(centred), centred)
+        )
+        # The sums of squares of the centred batch, `S_i = (Y^T Y)_ii`, and
+        # in one reduction the traces of `Y^T Y` and of the moving
+        # covariance (for the check below and the updated trace).
+        squares = _diagonal(product)
+        moving_covariance = ops.convert_to_tensor(self.moving_covariance)
+        traces = ops.sum(
+            ops.stack([squares, _diagonal(moving_covariance)]), axis=1
         )
 
         # Skip the update for a batch with no unmasked position or with a
         # non-finite value: it must not poison the moving statistics. By
-        # Cauchy-Schwarz, |(Y^T Y)_ij| <= sqrt(S_i S_j) for the sums of
-        # squares S, so checking the `d` sums covers the `d x d` product.
-        # A skipped batch is zeroed before the product, so that the update
-        # below is one expression, `(1 - rate) * moving + rate / n * Y^T Y`.
-        keep = ops.logical_and(count > 0.0, ops.isfinite(ops.sum(squares)))
-        rate = ops.where(keep, self.momentum, 0.0)
-        centred = ops.where(keep, centred, 0.0)
-        squares = ops.where(keep, squares, 0.0)
-        count, product = self._batch_sum(
-            rows, ops.matmul(ops.transpose(centred), centred)
+        # Cauchy-Schwarz, |(Y^T Y)_ij| <= sqrt(S_i S_j), so checking the
+        # `d` sums of squares covers the `d x d` product. A skipped batch
+        # keeps every statistic through a `where` (not a zero rate: a
+        # non-finite product times 0 is NaN).
+        keep = ops.logical_and(count > 0.0, ops.isfinite(traces[0]))
+        # 1 / n, or 0 for a batch without rows (all masked).
+        inverse_count = ops.divide_no_nan(1.0, count)
+        rate = self.momentum * inverse_count
+
+        def update(moving, batch):
+            # The moving average of `batch / n`; `moving` if skipped.
+            updated = (1.0 - self.momentum) * moving + rate * batch
+            return ops.where(keep, updated, moving)
+
+        covariance = update(moving_covariance, product)
+        # Its diagonal is read from the result (reading the old one after
+        # the update would make XLA copy the `d x d` variable it updates in
+        # place); its trace comes from the traces, without a reduction.
+        variance = _diagonal(covariance)
+        total = update(traces[1], traces[0])
+        moving_std = ops.convert_to_tensor(self.moving_std)
+        std = ops.sqrt(squares * inverse_count)
+        std = ops.where(
+            keep, moving_std + self.momentum * (std - moving_std), moving_std
         )
-        self.moving_covariance.assign(
-            (1.0 - rate) * self.moving_covariance
-            + ops.divide_no_nan(rate, count) * product
-        )
-        std = ops.sqrt(ops.divide_no_nan(squares, count))
-        self.moving_std.assign(self.moving_std + rate * (std - self.moving_std))
+        self.moving_covariance.assign(covariance)
+        self.moving_std.assign(std)
+        weight = None
         if self.bias_correction:
-            self.moving_weight.assign(
-                self.moving_weight + rate * (1.0 - self.moving_weight)
+            weight = ops.convert_to_tensor(self.moving_weight)
+            weight = ops.where(
+                keep, weight + self.momentum * (1.0 - weight), weight
             )
+            self.moving_weight.assign(weight)
+        return covariance, variance, total, std, weight
 
     def _batch_sum(self, rows, total):
         """The batch's number of rows and a sum over them.

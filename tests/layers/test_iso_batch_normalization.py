@@ -8,6 +8,7 @@ from keras.src import testing
 
 from keras_isobn import IsoBatchNormalization
 from tests.reference import NumpyIsoBN
+from tests.reference import numpy_isobn_scale
 
 
 def anisotropic_batches(rng, steps, batch=32, dim=16):
@@ -274,6 +275,62 @@ def test_mask_leaves_padded_positions_out_of_statistics(rng):
         rtol=1e-4,
         atol=1e-5,
     )
+
+
+@pytest.mark.parametrize("output_variance", ["total", "unit"])
+def test_masked_bias_corrected_training_skips_bad_batches_like_reference(
+    rng, output_variance
+):
+    # Masks, skipped batches (non-finite values at kept positions, no kept
+    # position at all) and bias correction together, step by step, against
+    # the float64 reference updated with the good batches' kept rows only.
+    batch, seq, dim, momentum = 4, 6, 8, 0.2
+    layer = IsoBatchNormalization(
+        momentum=momentum, bias_correction=True, output_variance=output_variance
+    )
+    reference = NumpyIsoBN(dim, momentum, output_variance=output_variance)
+    mixing = rng.normal(size=(dim, dim)) * np.logspace(-2, 1, dim)
+    steps = 0
+    for bad in [None, "nan", None, "empty", "inf", None, "-inf", None]:
+        x = (rng.normal(size=(batch, seq, dim)) @ mixing + 50.0).astype(
+            "float32"
+        )
+        mask = rng.random((batch, seq)) > 0.3
+        mask[0, 0] = True
+        x[~mask] = 1e4  # garbage at padded positions
+        if bad == "empty":
+            mask[:] = False
+        elif bad is not None:
+            x[0, 0, 3] = float(bad)
+        y = ops.convert_to_numpy(layer(x, training=True, mask=mask))
+        if bad is None:
+            reference.update(x[mask])
+            steps += 1
+        weight = 1.0 - (1.0 - momentum) ** steps
+        expected_scale = numpy_isobn_scale(
+            reference.covariance / weight,
+            reference.std / weight,
+            output_variance=output_variance,
+        )
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(layer.moving_weight), weight, rtol=1e-6
+        )
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(layer.moving_covariance),
+            reference.covariance,
+            rtol=1e-5,
+            atol=1e-4,
+        )
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(layer.moving_std), reference.std, rtol=1e-5
+        )
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(layer.moving_scale), expected_scale, rtol=1e-4
+        )
+        finite = np.isfinite(x)
+        np.testing.assert_allclose(
+            y[finite], (x * expected_scale)[finite], rtol=1e-4
+        )
 
 
 def test_all_masked_batch_leaves_statistics_unchanged(rng):
