@@ -18,6 +18,8 @@ the checkpoint and the wheels of Keras and KerasHub. Three commands:
     whole `fit` blocks and in paired `train_on_batch` steps, alternating;
   - `layer`: the layer alone, a train step on a `(4096, 1024)` float16
     batch, IsoBN against BatchNormalization (`benchmarks.layer_cost`);
+  - `numerics`: the layer's batch statistics and scale on the device
+    against a float64 NumPy statement (a TF32 matrix product fails it);
   - `bfloat16`: a shorter fine-tuning under `"mixed_bfloat16"`, with the
     statistics checks;
   - `jit`: `jit_compile=True` (`torch.compile` on PyTorch): a few train
@@ -54,7 +56,8 @@ import numpy as np
 
 from benchmarks import common
 
-SECTIONS = ("finetune", "throughput", "layer", "bfloat16", "jit")
+SECTIONS = ("finetune", "throughput", "layer", "numerics", "bfloat16",
+            "jit")
 # Sizes of the check, at full size and with --small.
 FULL = dict(batch_size=32, learning_rate=5e-5, fit_block_steps=100,
             fit_rounds=5, timing_steps=40, bfloat16_steps=100,
@@ -397,6 +400,58 @@ def section_layer(bundle, args, save):
         "train_isobn_over_batchnorm": timings["train", "isobn"]["median_s"]
         / timings["train", "batchnorm"]["median_s"],
     }
+
+
+def reference_statistics(x, epsilon=1e-3, beta=0.5):
+    """Batch covariance, std and IsoBN scale of `x`, in float64 NumPy."""
+    y = x.astype("float64") - x.astype("float64").mean(axis=0)
+    covariance = y.T @ y / len(y)
+    std = np.sqrt(np.mean(y**2, axis=0))
+    rho = np.clip(covariance / np.outer(std, std), -1.0, 1.0)
+    a = (np.mean(rho**2, axis=1) * std + epsilon) ** -beta
+    variance = np.diag(covariance)
+    m = np.sqrt(variance.sum() / (np.sum(variance * a**2) + epsilon))
+    return covariance, std, m * a
+
+
+def section_numerics(bundle, args, save):
+    """The layer's batch statistics on this device against float64 NumPy.
+
+    One training call with `momentum=1` (the moving statistics are the
+    batch's) on correlated features with spread scales and large means,
+    like [CLS] embeddings, under "float32" and "mixed_float16" (the input
+    rounded to float16 first, for both). A float32 accumulation is within
+    1e-5 of float64; a matrix product in TF32 (10-bit mantissa) is not.
+    """
+    import keras
+
+    from keras_isobn import IsoBatchNormalization
+
+    rng = np.random.default_rng(args.seed)
+    n, d = args.layer_batch, args.layer_dim
+    mix = rng.normal(size=(d, d)) / np.sqrt(d)
+    scales = np.exp(rng.uniform(-2.0, 1.0, size=d))
+    x = (rng.normal(size=(n, d)) @ mix) * scales + rng.normal(0, 3.0, size=d)
+    x = x.astype("float16")
+    result = {"batch_size": n, "dim": d, "checks": {}}
+    for policy in ("float32", "mixed_float16"):
+        layer = IsoBatchNormalization(momentum=1.0, dtype=policy)
+        layer(x, training=True)
+        covariance, std, scale = reference_statistics(x)
+        got = [keras.ops.convert_to_numpy(v).astype("float64") for v in (
+            layer.moving_covariance, layer.moving_std, layer.moving_scale
+        )]
+        errors = {
+            "covariance": float(np.max(np.abs(got[0] - covariance))
+                                / np.max(np.abs(covariance))),
+            "std": float(np.max(np.abs(got[1] - std) / std)),
+            "scale": float(np.max(np.abs(got[2] - scale) / scale)),
+        }
+        result[policy] = {"max_relative_error": errors}
+        result["checks"][f"{policy}_statistics_match_float64"] = bool(
+            max(errors.values()) <= 1e-4
+        )
+    return result
 
 
 def section_jit(bundle, args, save):

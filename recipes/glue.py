@@ -52,6 +52,10 @@ if __name__ == "__main__":
 
 NORMS = ("none", "batchnorm", "isobn", "isobn-unit")  # -unit: unit variance
 EV_K = 3
+TORCH_GPU_HINT = (
+    "Note: Keras runs PyTorch eagerly; on a GPU, KERAS_BACKEND=jax trains "
+    "this model many times faster (README, \"On a GPU\")."
+)
 # With `--preset`: the authors' train.py (INK-USC/IsoBN). Without: the
 # small built-in BERT (2 layers, 64 wide) on the shipped sample.
 PAPER_DEFAULTS = {
@@ -151,8 +155,11 @@ def parse_args(argv=None):
         parser.error(f"--distribution {args.distribution} is not supported "
                      "on the torch backend (single-process training only): "
                      "use KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax.")
+    gpu = _gpu_visible()
     if args.mixed_precision is None:
-        args.mixed_precision = _gpu_visible()
+        args.mixed_precision = gpu
+    if gpu and backend == "torch":
+        print(TORCH_GPU_HINT, file=sys.stderr, flush=True)
     args.seeds = list(dict.fromkeys(args.seeds))
     args.norm = list(dict.fromkeys(args.norm))
     return args

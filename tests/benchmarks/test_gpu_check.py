@@ -191,7 +191,13 @@ def test_runner_refuses_tensorflow_and_runs_without_it(
                       "scale_finite_positive", "losses_finite"):
             assert checks[f"{BACKEND}/{section}/{check}"] is True
     sections = payload["parts"][BACKEND]["sections"]
-    assert list(sections) == ["finetune", "throughput", "layer", "bfloat16"]
+    assert list(sections) == [
+        "finetune", "throughput", "layer", "numerics", "bfloat16"
+    ]
+    for policy in ("float32", "mixed_float16"):
+        assert checks[
+            f"{BACKEND}/numerics/{policy}_statistics_match_float64"
+        ] is True
     finetune = sections["finetune"]
     assert finetune["steps"] == 48 // 8
     steps = [r["step"] for r in finetune["statistics_records"]]
