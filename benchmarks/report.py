@@ -565,7 +565,9 @@ def render(results, others=()):
          "IsoBN.", section_end_to_end),
         ("gpu_check", "GPU check",
          "`benchmarks/gpu_check.sh run BUNDLE` on a GPU host (rows run "
-         "with `--small` are a smoke test: accuracy not checked).",
+         "with `--small` are a smoke test: accuracy not checked). What "
+         "the H200 run shows, its FAIL lines included: "
+         "[gpu_h200/README.md](gpu_h200/README.md).",
          section_gpu),
         ("import_cost", "Import cost",
          "Fresh processes, the two statements in alternation; medians of "
