@@ -77,9 +77,7 @@ class FineTuningAdamW(_backend_adamw_class()):
 
     It updates exactly as `keras.optimizers.AdamW` with the same arguments
     and exclusions does, with the same operations on every backend (on
-    PyTorch, Keras's batched `torch._foreach_*` update), except that a
-    weight decay of `0` costs nothing: no pass over the variables, and no
-    evaluation of the learning rate schedule for it.
+    PyTorch, Keras's batched `torch._foreach_*` update).
 
     Args:
         exclude_from_weight_decay_names: Sequence of strings; variables
@@ -99,15 +97,6 @@ class FineTuningAdamW(_backend_adamw_class()):
         self.exclude_from_weight_decay(
             var_names=self.exclude_from_weight_decay_names
         )
-
-    def _apply_weight_decay(self, variables):
-        # Keras's AdamW multiplies every variable by `1 - 0 * lr` when the
-        # decay is 0: a pass over the weights and a schedule evaluation
-        # that leave every value as it was.
-        weight_decay = self.weight_decay
-        if isinstance(weight_decay, (int, float)) and not weight_decay:
-            return
-        super()._apply_weight_decay(variables)
 
     def get_config(self):
         config = super().get_config()
