@@ -58,9 +58,9 @@ from keras import ops
 
 import keras_isobn
 from benchmarks import common
+from benchmarks.layer_cost import DTYPES
 
 METHODS = ("none", "batchnorm", "isobn")
-DTYPES = {"float32": "float32", "float16": "mixed_float16"}
 # Entry instructions that are no kernel of their own.
 FREE_OPCODES = frozenset(
     {"parameter", "constant", "tuple", "get-tuple-element", "bitcast",

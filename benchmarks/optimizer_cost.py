@@ -56,10 +56,11 @@ import keras
 import numpy as np
 
 from benchmarks import common
+from benchmarks.end_to_end import TINY
 from benchmarks.end_to_end import random_batches
+from benchmarks.layer_cost import DTYPES
 
 OPTIMIZERS = ("keras_adamw", "fine_tuning_adamw", "fine_tuning_adamw_before")
-DTYPES = {"float32": "float32", "float16": "mixed_float16"}
 MINILM = dict(
     vocabulary_size=30522,
     num_layers=6,
@@ -67,14 +68,6 @@ MINILM = dict(
     hidden_dim=384,
     intermediate_dim=1536,
     max_sequence_length=512,
-)
-TINY = dict(
-    vocabulary_size=100,
-    num_layers=1,
-    num_heads=2,
-    hidden_dim=16,
-    intermediate_dim=32,
-    max_sequence_length=32,
 )
 # ATen operations that launch no kernel: views, metadata, allocations.
 NO_KERNEL = frozenset(
