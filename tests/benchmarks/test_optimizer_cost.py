@@ -36,8 +36,9 @@ def test_quick_run_counts_every_optimizer(tmp_path):
             step["total"]["top_level"]
         )
         ours = update["fine_tuning_adamw"]["top_level"]
-        # The schedule's dozen operations; not one update per variable.
-        assert ours <= update["keras_adamw"]["top_level"] + 20
+        # Keras evaluates the schedule twice per step (update and weight
+        # decay), about 17 operations each; not one update per variable.
+        assert ours <= update["keras_adamw"]["top_level"] + 40
         assert update["fine_tuning_adamw_before"]["top_level"] > 5 * ours
         if "hf_torch_adamw" in rows:
             assert rows["hf_torch_adamw"]["counts"]["total"]["top_level"] > 0
