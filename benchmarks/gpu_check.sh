@@ -96,8 +96,7 @@ fi
 START=$SECONDS
 status=0
 for backend in $BACKENDS; do
-  module=$backend
-  if ! "$PYTHON" -c "import $module" 2> /dev/null; then
+  if ! "$PYTHON" -c "import $backend" 2> /dev/null; then
     echo "gpu_check: $backend is not installed; skipped."
     continue
   fi
