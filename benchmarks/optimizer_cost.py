@@ -53,7 +53,6 @@ import re
 import sys
 
 import keras
-import numpy as np
 
 from benchmarks import common
 from benchmarks.end_to_end import TINY
@@ -226,8 +225,6 @@ def regions(pieces):
 
 def torch_step_counts(classifier, batch):
     """Counts of one `train_on_batch` step, split by where they happen."""
-    import torch
-
     x, y = batch
     backbone, optimizer = classifier.backbone, classifier.optimizer
     pieces = {
