@@ -284,6 +284,21 @@ def is_chief():
     return process_index() == 0
 
 
+def barrier(name):
+    """Waits until every process of the cluster reaches `barrier(name)`.
+
+    E.g. after the chief writes a file that the others then read. Without
+    a cluster it returns at once.
+
+    Args:
+        name: String naming the barrier, the same in every process.
+    """
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 @contextlib.contextmanager
 def stop_cluster_on_error():
     """Stops every process of the cluster soon after one of them dies.
@@ -474,6 +489,16 @@ def _layers_of(layer):
     if isinstance(layer, keras.Model):
         for sublayer in layer.layers:
             yield from _layers_of(sublayer)
+
+
+def accelerator_visible():
+    """Whether the backend sees a GPU or TPU (without starting it twice)."""
+    if keras.backend.backend() == "torch":  # No `list_devices` there.
+        import torch
+
+        return torch.cuda.is_available()
+    devices = keras.distribution.list_devices()
+    return any(not device.lower().startswith("cpu") for device in devices)
 
 
 def virtual_cpu_devices(count):
