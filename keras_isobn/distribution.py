@@ -30,9 +30,11 @@ as on PyTorch.
 
 import contextlib
 import os
+import select
 import socket
 import sys
 import threading
+import traceback
 
 import keras
 
@@ -214,7 +216,7 @@ def initialize_cluster(job_addresses=None, num_processes=None, process_id=None):
 
     Raises:
         ValueError: on another backend than JAX (see the module's
-            docstring).
+            docstring), or without the cluster's description.
 
     Example:
 
@@ -230,6 +232,16 @@ def initialize_cluster(job_addresses=None, num_processes=None, process_id=None):
     _check_multi_process_backend()
     if _CLUSTER:
         return
+    given = (job_addresses, num_processes, process_id)
+    if None in given and cluster_environment() is None:
+        raise ValueError(
+            "A cluster needs the coordinator's address, the number of "
+            "processes and this process's id, as arguments or in the "
+            f"{', '.join(ENVIRONMENT)} variables (which a cluster manager, "
+            "or `python -m keras_isobn.launch` on one machine, sets). "
+            f"Received: job_addresses={job_addresses}, "
+            f"num_processes={num_processes}, process_id={process_id}"
+        )
     import jax
 
     # XLA's CPU client has no cross-process collectives of its own.
@@ -301,18 +313,20 @@ def barrier(name):
 
 @contextlib.contextmanager
 def stop_cluster_on_error():
-    """Stops every process of the cluster soon after one of them dies.
+    """Stops every process of the cluster soon after one of them stops.
 
-    A process killed (`SIGKILL`, out of memory, a lost host) while the
-    others wait for it in a collective operation would leave them waiting
-    until JAX's heartbeat timeout (100 s) or longer. In the block, a thread
-    in each process keeps a connection to the chief: when a process ends
-    before leaving its block, the chief sees its connection close, prints
-    an error naming it and exits with status 1, and the other processes,
-    seeing the chief's connection close, do the same, within a fraction of
-    a second. A process that leaves the block normally (or with an
-    exception, which then stops the others) closes its connection after
-    saying so. Without a cluster the block does nothing.
+    A process killed (`SIGKILL`, out of memory) while the others wait for
+    it in a collective operation would leave them waiting until JAX's
+    heartbeat timeout (100 s) or longer. In the block, a thread in each
+    process keeps a connection to the chief: when a process ends before
+    leaving its block, the chief sees its connection close, prints an
+    error naming it and exits with status 1 at once (`os._exit`), and the
+    other processes, seeing the chief's connection close, do the same,
+    within a fraction of a second. A process that raises in the block
+    prints its error and exits at once too (status 1, or that of a
+    `SystemExit`), which stops the others likewise; one that leaves the
+    block normally says so to the chief first. Without a cluster the
+    block does nothing.
 
     Example:
 
@@ -328,9 +342,8 @@ def stop_cluster_on_error():
     guard = _Watchdog(process_index(), process_count(), _coordinator_host())
     try:
         yield
-    except BaseException:
-        guard.close()  # Without saying "done": the others stop at once.
-        raise
+    except BaseException as error:
+        guard.stop(error)
     guard.close(done=True)
 
 
@@ -348,8 +361,7 @@ class _Watchdog:
         from jax.experimental import multihost_utils
 
         self.index, self.count, self.closing = index, count, False
-        server = None
-        port = 0
+        server, port = None, 0
         if index == 0:
             server = socket.create_server(("", 0))
             server.listen(count)
@@ -377,20 +389,43 @@ class _Watchdog:
             message = connection.recv(16)
         except OSError:
             message = b""
-        if message.startswith(b"done") or self.closing:
-            return
+        if not (message.startswith(b"done") or self.closing):
+            self._exit(self._lost(peer), 1)
+
+    def _lost(self, peer):
         what = "the chief" if peer == 0 else "a worker"
-        print(
+        return (
             f"keras_isobn.distribution: process {peer} of the "
             f"{self.count}-process cluster ({what}) stopped before the end "
             f"(killed, or failed); stopping process {self.index} too (exit "
             "status 1) rather than wait for it in a collective. Running "
-            "the same commands again resumes from the last saved state.",
-            file=sys.stderr,
-            flush=True,
+            "the same commands again resumes from the last saved state."
         )
+
+    def _exit(self, message, status):
         sys.stdout.flush()
-        os._exit(1)
+        print(message, file=sys.stderr, flush=True)
+        os._exit(status)
+
+    def stop(self, error):
+        """Ends this process after `error`, naming a lost peer if any."""
+        self.closing = True
+        # A collective fails too when a peer dies: if one did, say so.
+        ready, _, _ = select.select(list(self.peers.values()), [], [], 1.0)
+        for peer, connection in self.peers.items():
+            if connection in ready and not connection.recv(16, socket.MSG_PEEK):
+                self._exit(self._lost(peer), 1)
+        status = 1
+        if isinstance(error, SystemExit):
+            status = error.code if isinstance(error.code, int) else 1
+            message = "" if error.code in (None, 0) else str(error.code)
+        else:
+            message = "".join(traceback.format_exception(error))
+        self._exit(
+            f"{message}\nkeras_isobn.distribution: process {self.index} "
+            f"stops, and so the {self.count}-process cluster.",
+            status,
+        )
 
     def close(self, done=False):
         self.closing = True

@@ -10,10 +10,10 @@ python -m keras_isobn.launch --processes 2 --devices 2 -- \\
     python recipes/glue.py --distribution multi_worker --output-dir runs/mw
 ```
 
-Each line of output is prefixed with the process's rank. The launcher exits
-with the first non-zero exit status of a process (a process killed by a
-signal counts as 128 + the signal's number), after stopping the others;
-with 0 when all succeed. On several hosts, a cluster manager (or a shell on
+Each line of output is prefixed with the process's rank. As soon as a
+process fails, the launcher stops the others (SIGKILL) and exits with its
+status (`128 + n` for a process killed by signal `n`; 124 after
+`--timeout`); with 0 when all succeed. On several hosts, a cluster manager (or a shell on
 each host) sets the variables instead; see the README.
 """
 
@@ -75,8 +75,9 @@ def launch(command, processes, devices=None, timeout=None):
         timeout: Optional seconds after which all processes are stopped.
 
     Returns:
-        The exit status: `0` if every process succeeded, else that of the
-        first to fail (`128 + signal` if killed by a signal).
+        The exit status: `0` if every process succeeded, else that of a
+        failed one (`128 + signal` if killed by a signal), the others
+        stopped as soon as it was seen; `124` after `timeout`.
     """
     started = [
         subprocess.Popen(
@@ -94,15 +95,16 @@ def launch(command, processes, devices=None, timeout=None):
     deadline = None if timeout is None else time.monotonic() + timeout
     status = 0
     try:
-        while any(process.poll() is None for process in started):
-            failed = [p.returncode for p in started if p.returncode]
-            if failed or (deadline and time.monotonic() > deadline):
-                status = _status(failed[0]) if failed else 124
+        while True:
+            codes = [process.poll() for process in started]
+            failed = [code for code in codes if code]
+            if failed or None not in codes:
+                status = _status(failed[0]) if failed else 0
+                break
+            if deadline and time.monotonic() > deadline:
+                status = 124
                 break
             time.sleep(0.05)
-        else:
-            failed = [p.returncode for p in started if p.returncode]
-            status = _status(failed[0]) if failed else 0
     finally:
         for process in started:
             if process.poll() is None:

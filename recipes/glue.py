@@ -144,11 +144,7 @@ def parse_args(argv=None):
         if args.distribution is None:
             args.distribution = "multi_worker" if cluster else "none"
         if args.distribution == "multi_worker" and backend != "torch":
-            if cluster is None:
-                raise ValueError("run it in each process of a cluster (the "
-                                 "KERAS_DISTRIBUTION_* variables), e.g. "
-                                 "with python -m keras_isobn.launch")
-            distribution.initialize_cluster(**cluster)
+            distribution.initialize_cluster(**cluster or {})
     except ValueError as error:
         parser.error(f"--distribution multi_worker: {error}")
     if args.jit_compile is None:
