@@ -28,14 +28,14 @@ RECIPE = os.path.join(HERE, "..", "..", "recipes", "glue.py")
 ARGS = [
     "--task", "sst2", "--norm", "isobn", "--epochs", "2",
     "--train-limit", "64", "--batch-size", "16", "--max-sequence-length", "24",
-    "--verbose", "0", "--no-report",
+    "--verbose", "0",
 ]  # fmt: skip
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 SEED_DIR = os.path.join("sst2", "isobn", "seed-1")
 JAX = keras.backend.backend() == "jax"
 
 
-def start(output_dir, kill_points=("none", "none"), audit=None):
+def start(output_dir, kill_points=("none", "none"), audit=None, report=False):
     """Starts the 2 processes, each `kill_worker.py POINT ARGS...`."""
     processes = []
     for rank, env in enumerate(launch.environments(2, devices=2, base=ENV)):
@@ -44,7 +44,8 @@ def start(output_dir, kill_points=("none", "none"), audit=None):
         processes.append(
             subprocess.Popen(
                 [sys.executable, WORKER, kill_points[rank], *ARGS,
-                 "--output-dir", str(output_dir)],
+                 "--output-dir", str(output_dir)]
+                + ([] if report else ["--no-report"]),
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True,
             )  # fmt: skip
@@ -64,7 +65,7 @@ def cluster_run(tmp_path_factory):
     """An uninterrupted 2-process run, its writes audited."""
     root = tmp_path_factory.mktemp("cluster")
     output_dir = root / "out"
-    outputs = finish(start(output_dir, audit=root / "writes"))
+    outputs = finish(start(output_dir, audit=root / "writes", report=True))
     audits = [json.loads((root / f"writes.{r}.json").read_text()) for r in (0, 1)]
     return output_dir, outputs, audits
 
