@@ -542,6 +542,7 @@ def test_a_stopped_process_stops_the_cluster(fault, tmp_path):
     finally:
         processes[0].kill()
     waited = time.monotonic() - stopped
+    print(f"\n[{fault}] the chief stopped {waited:.2f} s after process 1")
     (out, err), (_, worker_err) = [p.communicate() for p in processes]
     assert "started" in out, err[-3000:]
     assert processes[0].returncode == 1, err[-3000:]

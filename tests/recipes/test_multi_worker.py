@@ -139,6 +139,7 @@ def test_killed_process_stops_the_other_and_relaunch_resumes(
     finally:
         chief.kill()
     stopped_after = time.monotonic() - killed_at
+    print(f"\nThe chief stopped {stopped_after:.2f} s after the kill.")
     _, err = chief.communicate()
     assert chief.returncode == 1, err[-5000:]
     assert stopped_after < 30, stopped_after
