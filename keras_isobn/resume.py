@@ -651,12 +651,14 @@ class RunDirectory:
         """Whether the run resumes: if `checkpoint` saved an epoch.
 
         Otherwise the writer empties the folder (of a run stopped in its
-        first epoch), so nothing half-written is kept.
+        first epoch), so nothing half-written is kept. In a cluster, every
+        process returns once that is done.
         """
         resuming = os.path.exists(checkpoint.state_path)
         if self.write and not resuming and os.path.isdir(self.directory):
             print(f"Removing {self.directory}, stopped in its first epoch.")
             shutil.rmtree(self.directory)
+        distribution.barrier(f"start {self.directory}")
         return resuming
 
     def finish(self):
