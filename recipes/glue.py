@@ -13,7 +13,6 @@ processes (JAX) run the same command under a cluster manager or
 
 import argparse
 import contextlib
-import csv
 import gc
 import json
 import os
