@@ -66,7 +66,10 @@ def cluster_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("cluster")
     output_dir = root / "out"
     outputs = finish(start(output_dir, audit=root / "writes", report=True))
-    audits = [json.loads((root / f"writes.{r}.json").read_text()) for r in (0, 1)]
+    audits = [
+        json.loads((root / f"writes.{rank}.json").read_text())
+        for rank in (0, 1)
+    ]
     return output_dir, outputs, audits
 
 
