@@ -20,6 +20,7 @@ _SUBMODULES = (
     "export",
     "glue",
     "isotropy",
+    "launch",
     "layers",
     "models",
     "optimizers",

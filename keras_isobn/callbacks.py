@@ -430,10 +430,13 @@ def _predict(model, x, batch_size, trim=None):
     `predict_on_batch` makes no data pipeline per call (on TensorFlow,
     `predict` makes an autotuned `tf.data` iterator, whose deletion can
     wait for the thread that autotuning starts); `predict` splits batches
-    across devices when a model is distributed. `x`'s rows are a multiple
-    of `batch_size`.
+    across devices when a model is distributed. In a cluster of processes,
+    every process predicts each whole batch with `predict_on_batch`, one
+    program over all devices whose outputs every process gets. `x`'s rows
+    are a multiple of `batch_size`.
     """
     # Imported here: `import keras_isobn` loads `callbacks`, not `resume`.
+    from keras_isobn import distribution
     from keras_isobn.resume import trim_padding
 
     size = len(keras.tree.flatten(x)[0])
@@ -446,7 +449,9 @@ def _predict(model, x, batch_size, trim=None):
         lengths[~mask.any(axis=1)] = 1
         order = np.argsort(lengths, kind="stable")
     strategy = getattr(model, "distribute_strategy", None)  # TensorFlow.
-    if keras.distribution.distribution() or (
+    if distribution.process_count() > 1:
+        predict = model.predict_on_batch
+    elif keras.distribution.distribution() or (
         strategy and strategy.num_replicas_in_sync > 1
     ):
         predict = functools.partial(

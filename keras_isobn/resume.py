@@ -14,7 +14,14 @@ interrupted, when it
 - passes `initial_epoch=checkpoint.initial_epoch` to `fit`, and gives
   `ResumableEarlyStopping` the logs of the epochs already run.
 
-An epoch cut short is run again from its start. Example:
+An epoch cut short is run again from its start.
+
+With several processes (`keras_isobn.distribution.join_cluster()`), every
+process runs the same program: `SeededBatches.as_tf_dataset()` gives each
+its share of the same global batches (Keras shards the dataset by process),
+and `TrainingCheckpoint(..., write=is_chief())` lets the chief alone write,
+in a folder every process reads (the same disk, or a shared file system).
+Example:
 
 ```python
 checkpoint = TrainingCheckpoint("run/state", monitor="val_accuracy")
@@ -42,10 +49,15 @@ import functools
 import json
 import math
 import os
+import platform
 import shutil
+import sys
+import tempfile
 
 import keras
 import numpy as np
+
+from keras_isobn import distribution
 
 
 class SeededBatches(keras.utils.PyDataset):
@@ -114,6 +126,12 @@ class SeededBatches(keras.utils.PyDataset):
         `keras.utils.PyDataset`; this dataset yields the same batches, in
         the same order, on every backend. It gathers them in TensorFlow
         ops (no Python generator competing with the training step).
+
+        In a cluster (JAX, `keras_isobn.distribution`), `fit` gives every
+        process its share of each global batch of `batch_size` rows (Keras
+        shards a dataset by process): the same batches, in the same order,
+        as one process, split evenly (`batch_size` a multiple of the
+        devices). Trimmed padding is that of the global batch.
         """
         import tensorflow as tf
 
@@ -153,7 +171,8 @@ class SeededBatches(keras.utils.PyDataset):
             return (x,) + tuple(batch[1:])
 
         dataset = tf.data.Dataset.from_tensor_slices(rows)
-        dataset = dataset.batch(self.batch_size).map(gather).prefetch(2)
+        dataset = dataset.batch(self.batch_size, drop_remainder=True)
+        dataset = dataset.map(gather).prefetch(2)
         # No autotuning: deleting an autotuned iterator (as `fit` ends) was
         # seen to wait 20-40 s for the thread that autotuning starts.
         options = tf.data.Options()
@@ -259,6 +278,12 @@ class TrainingCheckpoint(keras.callbacks.Callback):
         csv_path: Optional path of a CSV file of the epochs' logs, one row
             per epoch, rewritten atomically at each epoch end and by
             `restore()`.
+        write: Whether this process writes the files. In a cluster, pass
+            `keras_isobn.distribution.is_chief()`: the chief writes, the
+            other processes write nothing, keep the logs in memory and wait
+            at each epoch end until the chief's files are complete (so
+            `restore_best()` reads the epoch just saved). Defaults to
+            `True`.
 
     Attributes:
         epochs: List of dicts, the logs of the epochs run so far (restored
@@ -267,7 +292,9 @@ class TrainingCheckpoint(keras.callbacks.Callback):
             `initial_epoch` after `restore()`.
     """
 
-    def __init__(self, directory, monitor=None, mode="max", csv_path=None):
+    def __init__(
+        self, directory, monitor=None, mode="max", csv_path=None, write=True
+    ):
         super().__init__()
         if mode not in ("max", "min"):
             raise ValueError(f'`mode` must be "max" or "min". Received: {mode}')
@@ -275,6 +302,7 @@ class TrainingCheckpoint(keras.callbacks.Callback):
         self.monitor = monitor
         self.mode = mode
         self.csv_path = csv_path
+        self.write = write
         self.epochs = []
         self._torch_rng = None
 
@@ -388,14 +416,16 @@ class TrainingCheckpoint(keras.callbacks.Callback):
             import torch
 
             extra["torch_rng"] = torch.get_rng_state().numpy()
-        _save(
-            self.state_path, _state_variables(self.model), self.epochs,
-            also=self.best_path if best else None, **extra,
-        )  # fmt: skip
-        self._write_csv()
+        if self.write:
+            _save(
+                self.state_path, _state_variables(self.model), self.epochs,
+                also=self.best_path if best else None, **extra,
+            )  # fmt: skip
+            self._write_csv()
+        distribution.barrier(f"checkpoint {self.directory} {epoch}")
 
     def _write_csv(self):
-        if self.csv_path is None or not self.epochs:
+        if self.csv_path is None or not self.epochs or not self.write:
             return
         keys = sorted({key for row in self.epochs for key in row} - {"epoch"})
 
@@ -551,3 +581,110 @@ def _assign(variables, values, path):
         )
     for variable, value in zip(variables, values):
         variable.assign(value)
+
+
+class RunDirectory:
+    """The output folder of one training run, resumable, with one writer.
+
+    A run writes its files through `save()` (atomically) and its state
+    through `checkpoint()`; a later start reads `load_json()` to skip a
+    finished run, and `start()` says whether to resume. In a cluster of
+    processes, which all compute the same results, only the chief writes
+    (`write=keras_isobn.distribution.is_chief()`, the default): the others
+    write nothing and read what the chief wrote.
+
+    Args:
+        directory: The run's folder.
+        write: Whether this process writes. Defaults to
+            `keras_isobn.distribution.is_chief()` (`True` in one process).
+
+    Example:
+
+    ```python
+    run_dir = RunDirectory("runs/sst2/seed-1")
+    results = run_dir.load_json("results.json")  # None until finished.
+    checkpoint = run_dir.checkpoint("val_accuracy")
+    resuming = run_dir.start(checkpoint)
+    ...  # fit with the checkpoint, then:
+    run_dir.save("results.json", json.dumps(results))
+    run_dir.finish()
+    ```
+    """
+
+    def __init__(self, directory, write=None):
+        self.directory = directory
+        self.write = distribution.is_chief() if write is None else write
+
+    def path(self, name):
+        """The path of the file `name` in the run's folder."""
+        return os.path.join(self.directory, name)
+
+    def load_json(self, name):
+        """The JSON file `name`, or `None` if there is none."""
+        if not os.path.exists(self.path(name)):
+            return None
+        with open(self.path(name)) as file:
+            return json.load(file)
+
+    def save(self, name, content):
+        """`atomic_write(self.path(name), content)` by the writer.
+
+        The other processes of a cluster call a callable `content` too, on
+        a path in a private temporary folder deleted at once: writing a
+        model (`model.save`) reads its variables in a computation of all
+        the processes, which waits for each of them.
+        """
+        if self.write:
+            atomic_write(self.path(name), content)
+        elif callable(content):
+            with tempfile.TemporaryDirectory() as directory:
+                content(os.path.join(directory, os.path.basename(name)))
+
+    def checkpoint(self, monitor=None, mode="max"):
+        """A `TrainingCheckpoint` in `backup/`, its logs in `epochs.csv`."""
+        return TrainingCheckpoint(
+            self.path("backup"), monitor, mode, self.path("epochs.csv"),
+            write=self.write,
+        )  # fmt: skip
+
+    def start(self, checkpoint):
+        """Whether the run resumes: if `checkpoint` saved an epoch.
+
+        Otherwise the writer empties the folder (of a run stopped in its
+        first epoch), so nothing half-written is kept. In a cluster, every
+        process returns once that is done.
+        """
+        resuming = os.path.exists(checkpoint.state_path)
+        if self.write and not resuming and os.path.isdir(self.directory):
+            print(f"Removing {self.directory}, stopped in its first epoch.")
+            shutil.rmtree(self.directory)
+        distribution.barrier(f"start {self.directory}")
+        return resuming
+
+    def finish(self):
+        """Removes the checkpoint's `backup/` once the results are saved."""
+        if self.write:
+            shutil.rmtree(self.path("backup"), ignore_errors=True)
+
+
+def package_versions():
+    """The versions of the software of this process, for a run's results.
+
+    Returns:
+        A dict of `python`, `keras_isobn`, `keras`, `keras_hub`,
+        `tensorflow` and `numpy` (those imported) to their versions, with
+        `backend` and `backend_version`.
+    """
+    names = ("keras_isobn", "keras", "keras_hub", "tensorflow", "numpy")
+    versions = {
+        name: sys.modules[name].__version__
+        for name in names
+        if name in sys.modules
+    }
+    backend = keras.backend.backend()
+    return {
+        "python": platform.python_version(),
+        **versions,
+        "backend": backend,
+        "backend_version": sys.modules[backend].__version__,
+    }

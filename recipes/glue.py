@@ -6,18 +6,16 @@ BatchNormalization and IsoBN; `--preset` and `--task` give the paper's
 setting. Each run writes `results.json`, `epochs.csv`, `best.keras` (with
 its preprocessor), `dev_predictions.npz`, `logs/` and, while it trains,
 `backup/` to `<output-dir>/<task>/<norm>/seed-<n>/`. A killed run resumes
-when the same command runs again, and ends as if never stopped.
+when the same command runs again, and ends as if never stopped. Several
+processes (JAX) run the same command under a cluster manager or
+`python -m keras_isobn.launch`; the chief (process 0) alone writes.
 """
 
 import argparse
 import contextlib
-import csv
-import functools
 import gc
 import json
 import os
-import platform
-import shutil
 import sys
 import time
 
@@ -38,13 +36,12 @@ import report  # noqa: E402  (recipes/report.py, next to this file)
 from keras_isobn import distribution  # noqa: E402
 from keras_isobn import glue  # noqa: E402
 from keras_isobn import models  # noqa: E402
-from keras_isobn.callbacks import WholeSetMetrics  # noqa: E402
 from keras_isobn.optimizers import fine_tuning_adamw  # noqa: E402
 from keras_isobn.resume import ResumableEarlyStopping  # noqa: E402
+from keras_isobn.resume import RunDirectory  # noqa: E402
 from keras_isobn.resume import SeededBatches  # noqa: E402
-from keras_isobn.resume import TrainingCheckpoint  # noqa: E402
-from keras_isobn.resume import atomic_write  # noqa: E402
 from keras_isobn.resume import exclusive  # noqa: E402
+from keras_isobn.resume import package_versions  # noqa: E402
 
 if __name__ == "__main__":
     gc.freeze()
@@ -121,9 +118,10 @@ def parse_args(argv=None):
     add("--jit-compile", action=argparse.BooleanOptionalAction, help="XLA. "
         "Default: Keras's 'auto', off for the built-in BERT on TensorFlow "
         "(XLA compiles it for longer than it trains).")
-    add("--distribution", choices=("none", "data_parallel"), default="none",
+    add("--distribution", choices=("none", "data_parallel", "multi_worker"),
         help="data_parallel: split each batch across all accelerators "
-        "(TensorFlow or JAX).")
+        "(TensorFlow or JAX); multi_worker: across those of the processes "
+        "of a cluster (JAX; the default when KERAS_DISTRIBUTION_* are set).")
     add("--no-report", action="store_true", help="Write no report.")
     add("--verbose", type=int, default=2, help="Keras fit verbosity.")
     args = parser.parse_args(argv)
@@ -140,6 +138,14 @@ def parse_args(argv=None):
         parser.error("--task is required with --preset, e.g. --task rte. "
                      "Known tasks: " + ", ".join(glue.TASKS))
     backend = keras.backend.backend()
+    try:  # Before JAX computes anything: join the cluster of the variables.
+        cluster = distribution.cluster_environment()
+        if args.distribution is None:
+            args.distribution = "multi_worker" if cluster else "none"
+        if args.distribution == "multi_worker" and backend != "torch":
+            distribution.initialize_cluster(**cluster or {})
+    except ValueError as error:
+        parser.error(f"--distribution multi_worker: {error}")
     if args.jit_compile is None:
         tiny_on_tf = not args.preset and backend == "tensorflow"
         args.jit_compile = False if tiny_on_tf else "auto"
@@ -155,7 +161,7 @@ def parse_args(argv=None):
         parser.error(f"--distribution {args.distribution} is not supported "
                      "on the torch backend (single-process training only): "
                      "use KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax.")
-    gpu = _gpu_visible()
+    gpu = distribution.accelerator_visible()
     if args.mixed_precision is None:
         args.mixed_precision = gpu
     if gpu and backend == "torch":
@@ -173,17 +179,18 @@ def main(argv=None):
         finished runs skipped included.
     """
     args = parse_args(argv)
-    all_results = []
+    all_results, chief = [], distribution.is_chief()
     with contextlib.ExitStack() as stack:
+        # In a cluster, a process that dies stops the others (no hang).
+        stack.enter_context(distribution.stop_cluster_on_error())
         # Fail fast, before any training, with one message: another run on
-        # --output-dir, an unreachable or unsupported preset, missing or
-        # malformed data, TFDS offline.
+        # --output-dir (the chief holds the lock for its cluster), an
+        # unreachable or unsupported preset, missing data, TFDS offline.
         try:
-            stack.enter_context(exclusive(args.output_dir))
-            if args.preset:
-                models.text_classifier_from_preset(
-                    args.preset, 2, load_weights=False
-                )
+            if chief:
+                stack.enter_context(exclusive(args.output_dir))
+            if args.preset:  # Its config only: no weights downloaded.
+                models.text_classifier_from_preset(args.preset, 2, None, False)
             tasks = [glue.get_task(name) for name in args.task]
             datasets = [load_data(task, args) for task in tasks]
         except (OSError, RuntimeError, ValueError) as error:
@@ -192,9 +199,9 @@ def main(argv=None):
             for norm in args.norm:
                 for seed in args.seeds:
                     all_results.append(run(args, task, data, norm, seed))
-    if not args.no_report:
-        report_dir = os.path.join(args.output_dir, "report")
-        report.main([args.output_dir, "--output", report_dir])
+    if chief and not args.no_report:
+        report.main([args.output_dir, "--output",
+                     os.path.join(args.output_dir, "report")])
     return all_results
 
 
@@ -216,29 +223,28 @@ def load_data(task, args):
 
 
 def run(args, task, data, norm, seed):
-    """Trains one (task, norm, seed), or resumes it, and writes its results."""
-    name = f"{task.name}/{norm}/seed-{seed}"
-    seed_dir = os.path.join(args.output_dir, task.name, norm, f"seed-{seed}")
-    path = functools.partial(os.path.join, seed_dir)
-    if os.path.exists(path("results.json")):
-        print(f"[glue] {name}: done already; skipped.")
-        with open(path("results.json")) as file:
-            return json.load(file)
-    start = time.time()
-    monitor, csv_path = f"val_{task.primary_metric}", path("epochs.csv")
-    checkpoint = TrainingCheckpoint(path("backup"), monitor, csv_path=csv_path)
-    resuming = os.path.exists(checkpoint.state_path)
-    if not resuming and os.path.isdir(seed_dir):
-        # No completed epoch: start afresh, keeping nothing half-written.
-        print(f"[glue] {name}: removing {seed_dir}, stopped in epoch 1.")
-        shutil.rmtree(seed_dir)
-    os.makedirs(seed_dir, exist_ok=True)
+    """Trains one (task, norm, seed), or resumes it, and writes its results.
 
+    In a cluster, every process runs it alike and the chief alone writes.
+    """
+    name = f"{task.name}/{norm}/seed-{seed}"
+    run_dir = RunDirectory(
+        os.path.join(args.output_dir, task.name, norm, f"seed-{seed}"))
+    # 1. A finished run is read back; a run with a saved epoch resumes; one
+    # stopped in its first epoch starts afresh, keeping nothing half-written.
+    if (results := run_dir.load_json("results.json")) is not None:
+        print(f"[glue] {name}: done already; skipped.")
+        return results
+    start = time.time()
+    checkpoint = run_dir.checkpoint(f"val_{task.primary_metric}")
+    resuming = run_dir.start(checkpoint)
+
+    # 2. The classifier and its optimizer, on the devices of --distribution.
     keras.utils.set_random_seed(seed)
     kind = None if args.distribution == "none" else args.distribution
     policy = "mixed_float16" if args.mixed_precision else None
     scope = distribution.data_parallel_scope(kind)
-    with _dtype_policy(policy), scope as replicas:
+    with models.dtype_policy_scope(policy), scope as replicas:
         if args.batch_size % replicas:
             raise ValueError(f"--batch-size {args.batch_size} must be a "
                              f"multiple of the {replicas} replicas.")
@@ -250,52 +256,44 @@ def run(args, task, data, norm, seed):
             args.learning_rate, total_steps=steps, epsilon=args.adam_epsilon,
             warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
         ), jit_compile=args.jit_compile)  # fmt: skip
-        # Token ids, once per task: all splits in one (traced) pipeline.
+        # 3. Token ids, once per task (all splits in one traced pipeline),
+        # and the whole-dev-set metrics: `val_<metric>` (`val_mismatched_`
+        # for MNLI's second split) and, on the first split, EV_k before the
+        # logits (of the pooled output without normalization), batches cut
+        # to their longest sentence (to a multiple of 32 positions on JAX,
+        # which compiles a step per length, else of 8).
         if "inputs" not in data:
-            splits = [data["train"], *data["dev"]]
-            tokens = models.tokenize(model, keras.tree.map_structure(
-                lambda *f: np.concatenate(f), *[s.features for s in splits]))
-            ends = np.cumsum([len(s) for s in splits])[:-1]
-            pieces = [dict(zip(tokens, arrays)) for arrays in
-                      zip(*[np.split(a, ends) for a in tokens.values()])]
-            data["inputs"] = {"train": pieces[0], "dev": pieces[1:]}
-        inputs = data["inputs"]
+            data["inputs"] = models.tokenize_splits(
+                model, [s.features for s in [data["train"], *data["dev"]]])
         preprocessor, model.preprocessor = model.preprocessor, None
-        metric_fn = functools.partial(glue.compute_metrics, task)
-        # `val_<metric>`; `val_mismatched_<metric>` for MNLI's second split.
-        # EV_k of the first dev split, before the logits, in the same pass.
-        # No normalization: of the dropout's input (the pooled output).
-        prefixes = ["val_"] + [f"val_{s.split[11:]}_" for s in data["dev"][1:]]
-        # Batches cut to their longest sentence, to a multiple of 8 positions
-        # (of 32 on JAX, which compiles a step per length).
-        trim = 32 if keras.backend.backend() == "jax" else 8
-        layer = model.normalization or model.output_dropout
-        dev_metrics = [
-            WholeSetMetrics(x, split.labels, metric_fn, -(-32 // args.batch_size)
-                            * args.batch_size, prefix, trim, ev_layer=layer,
-                            ev_k=EV_K if prefix == "val_" else None)
-            for split, x, prefix in zip(data["dev"], inputs["dev"], prefixes)
-        ]  # fmt: skip
+        dev_metrics = glue.dev_set_metrics(
+            task, data["dev"], data["inputs"][1:],
+            -(-32 // args.batch_size) * args.batch_size,
+            trim_padding=32 if keras.backend.backend() == "jax" else 8,
+            ev_layer=model.normalization or model.output_dropout, ev_k=EV_K,
+        )  # fmt: skip
+        # 4. Training from the last saved epoch, then the best epoch's model
+        # and dev predictions (predicted again if it ran before a resume).
         done = checkpoint.restore(model)
         what = f"resuming after epoch {len(done)}" if resuming else "training"
-        print(f"[glue] {name}: {what} in {seed_dir}", flush=True)
-        best = {}  # The dev predictions of the best epoch, if run here.
+        print(f"[glue] {name}: {what} in {run_dir.directory}", flush=True)
+        best = {}
         if not checkpoint.finished(args.epochs, args.patience):
-            fit(args, model, data, seed, checkpoint, dev_metrics, path, best)
+            fit(args, model, data, seed, run_dir, checkpoint, dev_metrics, best)
         checkpoint.restore_best(model)
-        if not best:  # Its epoch ran before a resume: predict again.
+        if not best:
             best = {m.prefix: m.evaluate(model) and m.predictions
                     for m in dev_metrics}  # fmt: skip
         model.preprocessor = preprocessor  # Ready for raw strings.
-        atomic_write(path("best.keras"), model.save)
+        run_dir.save("best.keras", model.save)
         out = {s.split: best[m.prefix] for s, m in zip(data["dev"], dev_metrics)}
-        atomic_write(path("dev_predictions.npz"), lambda p: np.savez(p, **out))
+        run_dir.save("dev_predictions.npz", lambda p: np.savez(p, **out))
 
+    # 5. The results of the best epoch (written by the chief).
     epochs = checkpoint.epochs
     best_row = epochs[checkpoint.best_epoch()]
     final = {k: v for k, v in best_row.items() if k.startswith("val_")}
-    with open(path("ev_before.json")) as file:
-        before = json.load(file)
+    before = run_dir.load_json("ev_before.json")
     results = {
         "task": task.name, "group": task.group,
         "preset": args.preset or "builtin-tiny-bert",
@@ -304,7 +302,7 @@ def run(args, task, data, norm, seed):
         "train_examples": len(data["train"]),
         "dev_examples": {split.split: len(split) for split in data["dev"]},
         "hyperparameters": {k: getattr(args, k) for k in HYPERPARAMETERS},
-        "replicas": replicas,
+        "replicas": replicas, "processes": distribution.process_count(),
         "primary_metric": task.primary_metric,
         "best_epoch": int(best_row["epoch"]) + 1,
         "epochs_run": len(epochs),
@@ -319,27 +317,29 @@ def run(args, task, data, norm, seed):
         "resumed": resuming,
         "versions": package_versions(),
     }
-    atomic_write(path("results.json"), json.dumps(results, indent=2))
-    shutil.rmtree(path("backup"))
+    run_dir.save("results.json", json.dumps(results, indent=2))
+    run_dir.finish()
     scores = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
     print(f"[glue] {name}: best epoch {results['best_epoch']}: {scores}; "
-          f"EV_{EV_K} {results['ev']}. Wrote {path('results.json')}")
+          f"EV_{EV_K} {results['ev']}. Wrote {run_dir.path('results.json')}")
     keras.backend.clear_session()
     return results
 
 
-def fit(args, model, data, seed, checkpoint, dev_metrics, path, best):
+def fit(args, model, data, seed, run_dir, checkpoint, dev_metrics, best):
     """Fits from the checkpoint's epoch on, saving it at each epoch end."""
-    inputs, epoch_start = data["inputs"], []
+    epoch_start = []
+
+    def ev_before(logs):  # EV_k before fine-tuning, from the first attempt.
+        if run_dir.load_json("ev_before.json") is None:
+            logs = dev_metrics[0].evaluate(model)  # In every process.
+            run_dir.save("ev_before.json", json.dumps(
+                {k: v for k, v in logs.items() if k.startswith("ev")}))
+
     callbacks = [
         *dev_metrics,
         keras.callbacks.LambdaCallback(
-            # EV_k before fine-tuning, kept from the first attempt.
-            on_train_begin=lambda logs: os.path.exists(path("ev_before.json"))
-            or atomic_write(path("ev_before.json"), json.dumps(
-                {k: v for k, v in dev_metrics[0].evaluate(model).items()
-                 if k.startswith("ev")}
-            )),
+            on_train_begin=ev_before,
             on_epoch_begin=lambda epoch, logs: epoch_start.append(time.time()),
             on_epoch_end=lambda epoch, logs: logs.update(
                 learning_rate=keras.ops.convert_to_numpy(
@@ -356,10 +356,12 @@ def fit(args, model, data, seed, checkpoint, dev_metrics, path, best):
         keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: (
             checkpoint.best_epoch() == epoch and best.update(
                 {m.prefix: m.predictions for m in dev_metrics}))),
-        keras.callbacks.TensorBoard(path("logs"), write_graph=False),
     ]
+    if run_dir.write:  # The chief's TensorBoard logs.
+        logs = run_dir.path("logs")
+        callbacks.append(keras.callbacks.TensorBoard(logs, write_graph=False))
     batches = SeededBatches(
-        inputs["train"], data["train"].labels, batch_size=args.batch_size,
+        data["inputs"][0], data["train"].labels, batch_size=args.batch_size,
         seed=seed, epochs=args.epochs, initial_epoch=checkpoint.initial_epoch,
         trim_padding=dev_metrics[0].trim_padding,
     )  # fmt: skip
@@ -386,34 +388,6 @@ def build_classifier(args, task, norm):
         glue.sample_vocabulary_path(), task.num_classes,
         args.max_sequence_length, **head,
     )  # fmt: skip
-
-
-def package_versions():
-    """The versions of the software a run used."""
-    names = ("keras_isobn", "keras", "keras_hub", "tensorflow", "numpy")
-    versions = {name: sys.modules[name].__version__ for name in names}
-    backend = keras.backend.backend()
-    return {"python": platform.python_version(), **versions, "backend": backend,
-            "backend_version": sys.modules[backend].__version__}  # fmt: skip
-
-
-def _gpu_visible():
-    if keras.backend.backend() == "torch":  # No `list_devices` there.
-        return sys.modules["torch"].cuda.is_available()
-    devices = keras.distribution.list_devices()
-    return any(not device.lower().startswith("cpu") for device in devices)
-
-
-@contextlib.contextmanager
-def _dtype_policy(name):
-    """Sets Keras's global dtype policy (if `name`) for the context."""
-    previous = keras.config.dtype_policy()
-    if name:
-        keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ on TensorFlow and JAX; on PyTorch the tests check the errors instead.
 import os
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -439,3 +440,117 @@ def test_batch_backup_restores_the_statistics_exactly(
     restored = recorder.states["begin"]
     assert_same_state(restored, expected[(1, 1)])
     assert int(restored["optimizer/0"]) == 8  # Adam's step counter.
+
+
+# --- Several processes. ----------------------------------------------------
+
+CLUSTER_VARIABLES = distribution.ENVIRONMENT
+
+
+def test_cluster_environment(monkeypatch):
+    for name in CLUSTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert distribution.cluster_environment() is None
+    monkeypatch.setenv(CLUSTER_VARIABLES[0], "10.0.0.1:1234")
+    with pytest.raises(ValueError, match="KERAS_DISTRIBUTION_NUM_PROCESSES"):
+        distribution.cluster_environment()  # Only some variables set.
+    monkeypatch.setenv(CLUSTER_VARIABLES[1], "2")
+    monkeypatch.setenv(CLUSTER_VARIABLES[2], "2")
+    with pytest.raises(ValueError, match="0 <= process id"):
+        distribution.cluster_environment()
+    monkeypatch.setenv(CLUSTER_VARIABLES[2], "1")
+    assert distribution.cluster_environment() == {
+        "job_addresses": "10.0.0.1:1234", "num_processes": 2, "process_id": 1
+    }  # fmt: skip
+
+
+def test_one_process_is_its_own_chief():
+    # Without a cluster: one process, the chief; the barrier and the fault
+    # guard do nothing.
+    assert distribution.join_cluster() is False
+    assert distribution.process_count() == 1
+    assert distribution.process_index() == 0
+    assert distribution.is_chief()
+    distribution.barrier("nothing to wait for")
+    with distribution.stop_cluster_on_error():
+        pass
+    with pytest.raises(KeyError):
+        with distribution.stop_cluster_on_error():
+            raise KeyError("raised as usual")
+
+
+def test_multi_process_requests_off_jax_or_outside_a_cluster(monkeypatch):
+    for name in CLUSTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if BACKEND == "jax":
+        with pytest.raises(RuntimeError, match="initialize_cluster"):
+            with distribution.data_parallel_scope("multi_worker"):
+                pass
+        with pytest.raises(ValueError, match="keras_isobn.launch"):
+            distribution.initialize_cluster()  # Nothing describes one.
+        assert distribution.process_count() == 1
+        return
+    cause = {
+        "tensorflow": r"MultiWorkerMirroredStrategy \(keras-team/keras#20585",
+        "torch": "no multi-process training on PyTorch",
+    }[BACKEND]
+    with pytest.raises(ValueError, match=cause):
+        distribution.initialize_cluster("127.0.0.1:1234", 2, 0)
+    with pytest.raises(ValueError, match="KERAS_BACKEND=jax"):
+        with distribution.data_parallel_scope("multi_worker"):
+            pass
+    if BACKEND == "tensorflow":  # TF_CONFIG asks for the same strategy.
+        monkeypatch.setenv("TF_CONFIG", '{"cluster": {}}')
+        with pytest.raises(ValueError, match="keras-team/keras#20585"):
+            with distribution.data_parallel_scope("data_parallel"):
+                pass
+
+
+FAULT_SCRIPT = """
+import os, sys, time
+from keras_isobn import distribution
+distribution.join_cluster()
+from jax.experimental import multihost_utils
+with distribution.stop_cluster_on_error():
+    multihost_utils.sync_global_devices("start")
+    print("started", flush=True)
+    if distribution.process_index() == 1:
+        if sys.argv[1] == "kill":
+            os.kill(os.getpid(), 9)
+        raise KeyError("a failure in process 1")
+    multihost_utils.sync_global_devices("never reached by process 1")
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="several processes on JAX")
+@pytest.mark.parametrize("fault", ["kill", "raise"])
+def test_a_stopped_process_stops_the_cluster(fault, tmp_path):
+    from keras_isobn import launch
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FAULT_SCRIPT, fault], env=cluster_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for cluster_env in launch.environments(2, base=env)
+    ]
+    processes[1].wait(timeout=300)
+    stopped = time.monotonic()
+    try:
+        processes[0].wait(timeout=60)  # Not JAX's 100 s heartbeat.
+    finally:
+        processes[0].kill()
+    waited = time.monotonic() - stopped
+    print(f"\n[{fault}] the chief stopped {waited:.2f} s after process 1")
+    (out, err), (_, worker_err) = [p.communicate() for p in processes]
+    assert "started" in out, err[-3000:]
+    assert processes[0].returncode == 1, err[-3000:]
+    assert waited < 10, waited
+    assert "process 1 of the 2-process cluster (a worker) stopped" in err
+    if fault == "kill":
+        assert processes[1].returncode == -9
+    else:
+        assert processes[1].returncode == 1
+        assert "KeyError: 'a failure in process 1'" in worker_err
+        assert "process 1 stops, and so the 2-process cluster" in worker_err

@@ -12,10 +12,12 @@ import pytest
 
 from keras_isobn import IsoBatchNormalization
 from keras_isobn.resume import ResumableEarlyStopping
+from keras_isobn.resume import RunDirectory
 from keras_isobn.resume import SeededBatches
 from keras_isobn.resume import TrainingCheckpoint
 from keras_isobn.resume import atomic_write
 from keras_isobn.resume import exclusive
+from keras_isobn.resume import package_versions
 from keras_isobn.resume import trim_padding
 
 
@@ -273,6 +275,75 @@ def _fit_scored(model, callbacks, epochs, initial_epoch=0):
         shuffle=False,
         callbacks=callbacks,
         verbose=0,
+    )
+
+
+def test_a_checkpoint_that_does_not_write(tmp_path):
+    # In a cluster, the processes but the chief: the same logs and best
+    # epoch, read from the chief's files, and nothing written.
+    writer = TrainingCheckpoint(
+        str(tmp_path / "state"), monitor="score", csv_path=str(tmp_path / "c")
+    )
+    reader = TrainingCheckpoint(
+        str(tmp_path / "state"), monitor="score",
+        csv_path=str(tmp_path / "other.csv"), write=False,
+    )  # fmt: skip
+    _fit_scored(_model(), [_Scores([0.1, 0.3]), reader], epochs=2)
+    assert [row["epoch"] for row in reader.epochs] == [0, 1]
+    assert reader.best_epoch() == 1
+    assert os.listdir(tmp_path) == []
+    model = _model()
+    scores = _Scores([0.1, 0.3])
+    _fit_scored(model, [scores, writer], epochs=2)
+    reader.restore(_model())  # Reads the writer's state, writes no CSV.
+    assert reader.epochs == writer.epochs
+    assert sorted(os.listdir(tmp_path)) == ["c", "state"]
+    restored = _model()
+    reader.restore_best(restored)
+    for want, got in zip(scores.weights[1], _values(restored.variables)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_run_directory_writes_in_one_process(tmp_path):
+    chief = RunDirectory(str(tmp_path / "run"))  # One process: the chief.
+    other = RunDirectory(str(tmp_path / "run"), write=False)
+    assert chief.write and not other.write
+    assert chief.load_json("results.json") is None
+    seen = []
+    other.save("results.json", '{"a": 1}')
+    other.save("model.keras", lambda path: seen.append(path) or open(
+        path, "w").close())  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    # A callable runs in every process (a model's save is collective), on
+    # a private temporary path, deleted at once.
+    assert seen and not seen[0].startswith(str(tmp_path))
+    assert not os.path.exists(seen[0])
+    chief.save("results.json", '{"a": 1}')
+    assert other.load_json("results.json") == {"a": 1}
+
+    checkpoint = chief.checkpoint("score")
+    assert checkpoint.write and checkpoint.monitor == "score"
+    assert checkpoint.csv_path == chief.path("epochs.csv")
+    assert not other.checkpoint().write
+    # No saved epoch: the writer empties the folder, the others do not.
+    assert other.start(checkpoint) is False
+    assert (tmp_path / "run" / "results.json").exists()
+    assert chief.start(checkpoint) is False
+    assert not (tmp_path / "run").exists()
+    _fit_scored(_model(), [_Scores([0.2]), checkpoint], epochs=1)
+    assert chief.start(checkpoint) is True
+    other.finish()
+    assert os.path.exists(checkpoint.state_path)
+    chief.finish()
+    assert not (tmp_path / "run" / "backup").exists()
+
+
+def test_package_versions():
+    versions = package_versions()
+    assert versions["backend"] == keras.backend.backend()
+    assert versions["keras"] == keras.__version__
+    assert {"python", "numpy", "keras_isobn", "backend_version"} <= set(
+        versions
     )
 
 

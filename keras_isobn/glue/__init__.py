@@ -19,6 +19,7 @@ best = scores[task.primary_metric]           # "f1" for MRPC
 from keras_isobn.glue.loaders import GlueSplit
 from keras_isobn.glue.loaders import load_split
 from keras_isobn.glue.metrics import compute_metrics
+from keras_isobn.glue.metrics import dev_set_metrics
 from keras_isobn.glue.sample import sample_data_dir
 from keras_isobn.glue.sample import sample_vocabulary_path
 from keras_isobn.glue.tasks import TASKS

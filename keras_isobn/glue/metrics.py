@@ -1,5 +1,7 @@
 """The GLUE dev-set metrics, computed on a whole split at once."""
 
+import functools
+
 import numpy as np
 
 from keras_isobn.glue.tasks import get_task
@@ -83,3 +85,51 @@ def compute_metrics(task, labels, predictions):
             "accuracy": lambda: metrics.accuracy_score(labels, classes),
         }
     return {name: float(metric_fns[name]()) for name in task.metric_names}
+
+
+def dev_set_metrics(
+    task,
+    splits,
+    inputs,
+    batch_size=32,
+    trim_padding=None,
+    ev_layer=None,
+    ev_k=None,
+):
+    """`WholeSetMetrics` callbacks for the dev splits of a task.
+
+    Each computes the task's metrics on one whole dev split at every epoch
+    end: the first split's as `val_<metric>` (e.g. `val_mcc`), the others'
+    (MNLI's mismatched split) as `val_mismatched_<metric>`. With `ev_k`,
+    the first also logs EV_k of the embeddings around `ev_layer`. In a
+    cluster of processes, every process computes them alike.
+
+    Args:
+        task: A `GlueTask` or a task name.
+        splits: The dev `GlueSplit`s, first the one to monitor.
+        inputs: The model inputs of each split (e.g. token ids).
+        batch_size: Integer, the prediction batch size. Defaults to `32`.
+        trim_padding: As `WholeSetMetrics`'s. Defaults to `None`.
+        ev_layer: As `WholeSetMetrics`'s. Defaults to `None`.
+        ev_k: `None` (the default) or an integer: EV_k of the first split.
+
+    Returns:
+        A list of `keras_isobn.callbacks.WholeSetMetrics`, one per split.
+    """
+    from keras_isobn.callbacks import WholeSetMetrics
+
+    task = get_task(task)
+    metric_fn = functools.partial(compute_metrics, task)
+    return [
+        WholeSetMetrics(
+            x,
+            split.labels,
+            metric_fn,
+            batch_size,
+            prefix="val_" if index == 0 else f"val_{split.split[11:]}_",
+            trim_padding=trim_padding,
+            ev_k=ev_k if index == 0 else None,
+            ev_layer=ev_layer,
+        )
+        for index, (split, x) in enumerate(zip(splits, inputs))
+    ]

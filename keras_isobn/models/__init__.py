@@ -12,10 +12,12 @@ classifier, so that Keras finds its registered class.
 from keras_isobn.models.albert_text_classifier import IsoBNAlbertTextClassifier
 from keras_isobn.models.bert_text_classifier import IsoBNBertTextClassifier
 from keras_isobn.models.builders import TEXT_CLASSIFIERS
+from keras_isobn.models.builders import dtype_policy_scope
 from keras_isobn.models.builders import small_bert_text_classifier
 from keras_isobn.models.builders import text_classifier_class
 from keras_isobn.models.builders import text_classifier_from_preset
 from keras_isobn.models.builders import tokenize
+from keras_isobn.models.builders import tokenize_splits
 from keras_isobn.models.deberta_v3_text_classifier import (
     IsoBNDebertaV3TextClassifier,
 )
@@ -37,6 +39,7 @@ from keras_isobn.models.xlm_roberta_text_classifier import (
 
 __all__ = [
     "TEXT_CLASSIFIERS",
+    "dtype_policy_scope",
     "IsoBNAlbertTextClassifier",
     "IsoBNBertTextClassifier",
     "IsoBNDebertaV3TextClassifier",
@@ -51,4 +54,5 @@ __all__ = [
     "text_classifier_class",
     "text_classifier_from_preset",
     "tokenize",
+    "tokenize_splits",
 ]

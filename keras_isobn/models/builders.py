@@ -1,5 +1,7 @@
 """Builds IsoBN text classifiers, and tokenizes data for them once."""
 
+import contextlib
+
 import keras
 import keras_hub
 import numpy as np
@@ -189,6 +191,23 @@ def small_bert_text_classifier(
     )
 
 
+@contextlib.contextmanager
+def dtype_policy_scope(name):
+    """Sets Keras's global dtype policy for the block, then restores it.
+
+    Args:
+        name: A policy name (e.g. `"mixed_float16"`), or `None` to keep
+            the current one.
+    """
+    previous = keras.config.dtype_policy()
+    if name:
+        keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
 def tokenize(classifier, features, batch_size=1024):
     """Runs raw text through a classifier's preprocessor, once, in tf.data.
 
@@ -230,6 +249,33 @@ def tokenize(classifier, features, batch_size=1024):
         lambda *arrays: np.concatenate(arrays), *batches.as_numpy_iterator()
     )
 
+
+def tokenize_splits(classifier, splits, batch_size=1024):
+    """`tokenize()` for several splits at once, in one pipeline.
+
+    The preprocessor is traced once for all of them (e.g. a training and
+    its evaluation splits) rather than once per split.
+
+    Args:
+        classifier: A KerasHub text classifier with its `preprocessor`.
+        splits: A list of features, each as `tokenize()` takes them, all
+            of the same kind (all strings or all pairs).
+        batch_size: int. Examples per preprocessing batch.
+
+    Returns:
+        A list of dicts of NumPy arrays, one per split, as `tokenize()`
+        returns them.
+    """
+    features = keras.tree.map_structure(
+        lambda *parts: np.concatenate(parts), *splits
+    )
+    tokens = tokenize(classifier, features, batch_size)
+    ends = np.cumsum([len(keras.tree.flatten(split)[0]) for split in splits])
+    pieces = {key: np.split(array, ends[:-1]) for key, array in tokens.items()}
+    return [
+        {key: pieces[key][index] for key in tokens}
+        for index in range(len(splits))
+    ]
 
 def _with_normalization_layer(kwargs):
     """Classifier kwargs, with the normalization settings made a layer.

@@ -2,6 +2,10 @@
 
 Usage: python kill_worker.py KILL_POINT RECIPE_ARGS...
 
+With `AUDIT_WRITES=FILE` set, it also records (Python's audit hooks) every
+file or folder the process creates, writes, renames or removes under
+`--output-dir`, and writes their list to FILE (JSON) when it exits.
+
 KILL_POINT is `none`, or one of (counts are within this process):
 - `batch:E:B`: after training batch B of epoch E (both from 0);
 - `evaluate:N`: at the start of the N-th whole-dev-set evaluation;
@@ -77,7 +81,54 @@ def kill_while_writing(name, count):
     recipe.atomic_write = patched
 
 
+WRITE_EVENTS = {
+    "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.link",
+    "os.symlink", "os.truncate", "shutil.rmtree", "shutil.copyfile",
+}  # fmt: skip
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+
+def audit_writes(output_dir, log_path):
+    """Records the writes under `output_dir`; lists them in `log_path`."""
+    import atexit
+    import json
+
+    root = os.path.realpath(output_dir)
+    writes = []
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            writing = (
+                any(c in mode for c in "wax+") if isinstance(mode, str)
+                else bool((flags or 0) & WRITE_FLAGS)
+            )  # fmt: skip
+            paths = [path] if writing else []
+        elif event in WRITE_EVENTS:
+            paths = [a for a in args[:2] if isinstance(a, (str, bytes))]
+        else:
+            return
+        for path in paths:
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            if isinstance(path, str) and os.path.realpath(
+                os.path.abspath(path)
+            ).startswith(root):
+                writes.append(f"{event} {path}")
+
+    def dump():
+        with open(log_path, "w") as file:
+            json.dump(writes, file)
+
+    sys.addaudithook(hook)
+    atexit.register(dump)
+
+
 if __name__ == "__main__":
+    if os.environ.get("AUDIT_WRITES"):
+        argv = sys.argv[2:]
+        output_dir = argv[argv.index("--output-dir") + 1]
+        audit_writes(output_dir, os.environ["AUDIT_WRITES"])
     kind, *where = sys.argv[1].split(":")
     if kind == "batch":
         kill_after_batch(int(where[0]), int(where[1]))

@@ -265,11 +265,15 @@ def _minilm_dir():
 
 
 def test_hint_to_use_jax_when_pytorch_sees_a_gpu(capsys, monkeypatch):
-    monkeypatch.setattr(glue_recipe, "_gpu_visible", lambda: True)
+    monkeypatch.setattr(
+        glue_recipe.distribution, "accelerator_visible", lambda: True
+    )
     args = glue_recipe.parse_args([])
     assert args.mixed_precision is True  # A GPU: mixed precision.
     hinted = glue_recipe.TORCH_GPU_HINT in capsys.readouterr().err
     assert hinted == (keras.backend.backend() == "torch")
-    monkeypatch.setattr(glue_recipe, "_gpu_visible", lambda: False)
+    monkeypatch.setattr(
+        glue_recipe.distribution, "accelerator_visible", lambda: False
+    )
     glue_recipe.parse_args([])
     assert glue_recipe.TORCH_GPU_HINT not in capsys.readouterr().err
