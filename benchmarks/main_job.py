@@ -224,13 +224,13 @@ def run_recipe(args, phases):
     phases.wrap(recipe, "load_data", "data")
     phases.wrap(recipe.models, "text_classifier_from_preset", "model")
     phases.wrap(recipe, "build_classifier", "model")
-    phases.wrap(recipe.models, "tokenize", "tokenize")
+    phases.wrap(recipe.models, "tokenize_splits", "tokenize")
     phases.wrap(keras.Model, "compile", "compile")
     phases.wrap(recipe, "fit", "fit")
     phases.wrap(callbacks.WholeSetMetrics, "evaluate", "evaluation",
                 examples=lambda metrics, *_, **__: metrics.size)
     for owner, attribute in [
-        (resume, "atomic_write"), (recipe, "atomic_write"),
+        (resume, "atomic_write"),
         (resume.TrainingCheckpoint, "on_epoch_end"),
         (resume.TrainingCheckpoint, "restore_best"),
     ]:
