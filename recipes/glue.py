@@ -320,8 +320,12 @@ def run(args, task, data, norm, seed):
     run_dir.save("results.json", json.dumps(results, indent=2))
     run_dir.finish()
     scores = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
+    ev = results["ev"]  # Entering ("in") and leaving the normalization.
     print(f"[glue] {name}: best epoch {results['best_epoch']}: {scores}; "
-          f"EV_{EV_K} {results['ev']}. Wrote {run_dir.path('results.json')}")
+          f"EV_{EV_K} before -> after fine-tuning: pooled output "
+          f"{ev['before']['in']:.3f} -> {ev['after']['in']:.3f}, normalized "
+          f"{ev['before']['out']:.3f} -> {ev['after']['out']:.3f}. "
+          f"Wrote {run_dir.path('results.json')}")
     keras.backend.clear_session()
     return results
 
