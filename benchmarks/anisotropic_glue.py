@@ -107,20 +107,12 @@ def anisotropic_map(pooled, target_ev=0.86, k=3, seed=0):
 
 def statistics(x, k=3):
     """EV_k, std spread and mean squared correlation (IsoBN's gamma)."""
-    from keras_isobn.isotropy import explained_variance
+    from keras_isobn.isotropy import isotropy_summary
 
-    x = np.asarray(x, np.float64)
-    std = np.std(x, axis=0)
-    rho = np.corrcoef(x, rowvar=False)
-    gamma = np.mean(np.nan_to_num(rho) ** 2, axis=1)
-    return {
-        f"ev{k}": float(explained_variance(x, [k])[0]),
-        "std_min": float(std.min()),
-        "std_median": float(np.median(std)),
-        "std_max": float(std.max()),
-        "gamma_median": float(np.median(gamma)),
-        "gamma_max": float(gamma.max()),
-    }
+    summary = isotropy_summary(x, k=[k])
+    keys = (f"ev{k}", "std_min", "std_median", "std_max", "gamma_median",
+            "gamma_max")
+    return {key: summary[key] for key in keys}
 
 
 def wrap_backbone(backbone, matrix):

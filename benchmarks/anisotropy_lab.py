@@ -58,6 +58,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common  # noqa: E402
 from keras_isobn import glue  # noqa: E402
 from keras_isobn import isotropy  # noqa: E402
+from keras_isobn import models  # noqa: E402
 
 CORPUS_TASKS = ("cola", "sst2", "mrpc", "stsb")
 RESERVED_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -128,24 +129,13 @@ def pack_corpus(preprocessor, singles, pairs):
     packer = keras_hub.models.BertTextClassifierPreprocessor(
         preprocessor.tokenizer, sequence_length=preprocessor.sequence_length
     )
-    parts = [_pack(packer, np.asarray(singles))] if singles else []
+    parts = [models.tokenize(packer, np.asarray(singles))] if singles else []
     if pairs[0]:
-        parts.append(_pack(packer, (np.asarray(pairs[0]), np.asarray(pairs[1]))))
+        parts.append(
+            models.tokenize(packer, (np.asarray(pairs[0]), np.asarray(pairs[1])))
+        )
     return {key: np.concatenate([part[key] for part in parts]).astype("int32")
             for key in ("token_ids", "segment_ids", "padding_mask")}  # fmt: skip
-
-
-def _pack(packer, features):
-    """Packed token ids of strings or string pairs, batched in tf.data."""
-    import tensorflow as tf
-
-    def pack(x):  # `x=`: a pair is one `x`, not `(x, y)`; returns `(x,)`.
-        return keras.utils.unpack_x_y_sample_weight(packer(x=x))[0]
-
-    batches = (tf.data.Dataset.from_tensor_slices((features,)).batch(1024)
-               .map(pack, num_parallel_calls=tf.data.AUTOTUNE))
-    return keras.tree.map_structure(lambda *arrays: np.concatenate(arrays),
-                                    *batches.as_numpy_iterator())
 
 
 def mask_tokens(tokens, preprocessor, rng):
@@ -326,28 +316,14 @@ CORRELATED = 0.5  # |rho| above which two features count as one group.
 def measure(x):
     """The paper's isotropy measures of embeddings `x` (samples, features).
 
-    EV_1 and EV_3; the per-feature std (min, median, max and its
-    95th/5th percentile ratio); and the correlated groups: `n * gamma_i` (`gamma_i` the mean squared
-    correlation of feature `i` with all `n`, IsoBN's group size: about 1 for
-    an isotropic feature, `m` for one of `m` identical features) and the
-    share of features with `|rho| > 0.5` to at least one other.
+    `keras_isobn.isotropy.isotropy_summary`: EV_1 and EV_3, the per-feature
+    std (min, median, max, 95th/5th percentile ratio), IsoBN's group size
+    `n * gamma` and the share of features with `|rho| > 0.5` to another.
     """
-    std = isotropy.feature_std(x)
-    correlation, _ = isotropy.clustered_correlation(x)
-    n = len(std)
-    group = n * np.mean(correlation**2, axis=1)
-    off_diagonal = np.abs(correlation) * (1 - np.eye(n))
-    ev1, ev3 = isotropy.explained_variance(x, k=[1, 3])
-    return {
-        "ev1": float(ev1), "ev3": float(ev3),
-        "std_min": float(std.min()), "std_median": float(np.median(std)),
-        "std_max": float(std.max()),
-        # Robust to a dead feature or two (MiniLM's [CLS] has one).
-        "std_p95_p5": float(np.percentile(std, 95) / np.percentile(std, 5)),
-        "group_size_median": float(np.median(group)),
-        "group_size_max": float(group.max()),
-        "correlated_share": float(np.mean(off_diagonal.max(axis=1) > CORRELATED)),
-    }  # fmt: skip
+    summary = isotropy.isotropy_summary(x, k=(1, 3), threshold=CORRELATED)
+    keys = ("ev1", "ev3", "std_min", "std_median", "std_max", "std_p95_p5",
+            "group_size_median", "group_size_max", "correlated_share")
+    return {key: summary[key] for key in keys}
 
 
 def dev_features(glue_dir, task):

@@ -101,16 +101,11 @@ def normalise(layer, x, passes, batch_size, rng):
 
 def measure(x):
     """EV_k, the spread of the feature stds and the mean |correlation|."""
-    std = isotropy.feature_std(x)
-    correlation, _ = isotropy.clustered_correlation(x)
-    off_diagonal = ~np.eye(len(correlation), dtype=bool)
-    values = isotropy.explained_variance(x, k=list(KS))
-    result = {f"ev{k}": float(value) for k, value in zip(KS, values)}
-    result["std_cv"] = float(std.std() / std.mean())
-    result["features_with_std_below_1e-6"] = int(np.sum(std < 1e-6))
-    result["mean_abs_correlation"] = float(
-        np.abs(correlation[off_diagonal]).mean()
-    )
+    summary = isotropy.isotropy_summary(x, k=KS)
+    result = {f"ev{k}": summary[f"ev{k}"] for k in KS}
+    result["std_cv"] = summary["std_cv"]
+    result["features_with_std_below_1e-6"] = summary["constant_features"]
+    result["mean_abs_correlation"] = summary["mean_abs_correlation"]
     return result
 
 

@@ -239,6 +239,77 @@ def optimal_logit_variance_share(x, labels, **kwargs):
     return logit_variance_share(x, classifier.coef_.T)
 
 
+def isotropy_summary(x, k=(1, 3), threshold=0.5):
+    """The paper's isotropy measures of `x` in one dict, for tables.
+
+    What notebook 01 plots, as numbers: EV_k; the spread of the per-feature
+    std; and the correlated groups, through IsoBN's own `gamma_i` (the mean
+    squared correlation of feature `i` with all `n` features: `n * gamma_i`
+    is about 1 for a feature correlated with no other and `m` for one of `m`
+    identical features) and the share of features correlated above
+    `threshold` with at least one other.
+
+    Args:
+        x: Embeddings of shape `(samples, features)`, NumPy array or backend
+            tensor, with at least 2 samples.
+        k: Integers in `[1, features]`: which EV_k to report. Defaults to
+            `(1, 3)`.
+        threshold: `|rho|` above which two features count as correlated.
+            Defaults to `0.5`.
+
+    Returns:
+        A dict of Python floats and ints: `"ev<k>"` for each `k`;
+        `"std_min"`, `"std_median"`, `"std_max"`, `"std_p95_p5"` (the 95th
+        over the 5th percentile, robust to a dead feature or two),
+        `"std_cv"` (std over mean of the stds), `"constant_features"` (std
+        below 1e-6); `"gamma_median"`, `"gamma_max"`, `"group_size_median"`,
+        `"group_size_max"` (`n * gamma`); `"correlated_share"` and
+        `"mean_abs_correlation"` (off the diagonal).
+
+    Example:
+
+    >>> import numpy as np
+    >>> z = np.random.default_rng(0).normal(size=(2000, 2))
+    >>> x = np.concatenate([z[:, :1].repeat(3, axis=1), z[:, 1:]], axis=1)
+    >>> summary = isotropy_summary(x, k=[1])
+    >>> round(summary["group_size_max"], 1), summary["correlated_share"]
+    (3.0, 0.75)
+    """
+    x = _as_embeddings(x)
+    ks = [int(value) for value in np.atleast_1d(k)]
+    std = x.std(axis=0)
+    correlation = _correlation(x)
+    n = correlation.shape[0]
+    gamma = np.mean(correlation**2, axis=1)
+    off_diagonal = np.abs(correlation[~np.eye(n, dtype=bool)]).reshape(
+        n, n - 1
+    )
+    low, high = np.percentile(std, [5, 95])
+    summary = {
+        f"ev{value}": float(share)
+        for value, share in zip(ks, explained_variance(x, k=ks))
+    }
+    summary.update(
+        std_min=float(std.min()),
+        std_median=float(np.median(std)),
+        std_max=float(std.max()),
+        std_p95_p5=float(high / low) if low > 0 else float("inf"),
+        std_cv=float(std.std() / std.mean()),
+        constant_features=int(np.sum(std < 1e-6)),
+        gamma_median=float(np.median(gamma)),
+        gamma_max=float(gamma.max()),
+        group_size_median=float(n * np.median(gamma)),
+        group_size_max=float(n * gamma.max()),
+        correlated_share=(
+            float(np.mean(off_diagonal.max(axis=1) > threshold))
+            if n > 1
+            else 0.0
+        ),
+        mean_abs_correlation=float(off_diagonal.mean()) if n > 1 else 0.0,
+    )
+    return summary
+
+
 def _as_float64(x):
     if not isinstance(x, np.ndarray):
         x = keras.ops.convert_to_numpy(x)

@@ -128,6 +128,49 @@ def test_clustered_correlation_with_a_constant_feature(rng):
     np.testing.assert_array_equal(correlation[position], expected)
 
 
+
+def test_isotropy_summary_matches_numpy_statements(rng):
+    z = rng.normal(size=(3000, 3))
+    # Features 0-2 one group (copies of z0, scaled), 3-4 a second, 5 alone.
+    x = np.stack([z[:, 0], 2 * z[:, 0], -z[:, 0] + 0.01 * z[:, 2],
+                  z[:, 1], 5 * z[:, 1], z[:, 2] * 100], axis=1)  # fmt: skip
+    summary = isotropy.isotropy_summary(x, k=[1, 3], threshold=0.5)
+    rho = np.corrcoef(x, rowvar=False)
+    gamma = np.mean(rho**2, axis=1)
+    std = x.std(axis=0)
+    np.testing.assert_allclose(summary["ev1"], _ev_eigh(x, 1), rtol=1e-9)
+    np.testing.assert_allclose(summary["ev3"], _ev_eigh(x, 3), rtol=1e-9)
+    np.testing.assert_allclose(summary["gamma_max"], gamma.max(), rtol=1e-9)
+    np.testing.assert_allclose(
+        summary["group_size_median"], 6 * np.median(gamma), rtol=1e-9
+    )
+    assert round(summary["group_size_max"], 2) == 3.0
+    assert summary["correlated_share"] == pytest.approx(5 / 6)
+    np.testing.assert_allclose(summary["std_max"], std.max(), rtol=1e-12)
+    np.testing.assert_allclose(
+        summary["std_p95_p5"],
+        np.percentile(std, 95) / np.percentile(std, 5),
+        rtol=1e-12,
+    )
+    off = np.abs(rho[~np.eye(6, dtype=bool)])
+    np.testing.assert_allclose(
+        summary["mean_abs_correlation"], off.mean(), rtol=1e-9
+    )
+    assert summary["constant_features"] == 0
+
+
+def test_isotropy_summary_of_isotropic_data_and_a_constant_feature(rng):
+    x = rng.normal(size=(5000, 64))
+    summary = isotropy.isotropy_summary(x)
+    assert summary["correlated_share"] == 0.0
+    assert summary["group_size_max"] < 1.1
+    assert summary["std_p95_p5"] < 1.1
+    x[:, 3] = 1.0
+    summary = isotropy.isotropy_summary(x)
+    assert summary["constant_features"] == 1
+    assert summary["std_p95_p5"] < 1.1  # The 5th percentile skips it.
+    assert all(np.isfinite(v) for v in summary.values())
+
 def test_logit_variance_share_matches_projected_logits(rng):
     x = rng.normal(size=(400, 6)) @ rng.normal(size=(6, 6))
     kernel = rng.normal(size=(6, 3))

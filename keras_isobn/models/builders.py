@@ -216,7 +216,9 @@ def tokenize(classifier, features, batch_size=1024):
     text again at every epoch and evaluation.
 
     Args:
-        classifier: A KerasHub text classifier with its `preprocessor`.
+        classifier: A KerasHub text classifier with its `preprocessor`, or
+            a KerasHub text classifier preprocessor itself (e.g.
+            `keras_hub.models.BertTextClassifierPreprocessor`).
         features: Strings, or a tuple `(first, second)` of equally long
             sequences of strings for sentence pairs.
         batch_size: int. Examples per preprocessing batch.
@@ -242,13 +244,29 @@ def tokenize(classifier, features, batch_size=1024):
     batches = (
         tf.data.Dataset.from_tensor_slices((features,))
         .batch(batch_size)
-        .map(classifier.preprocess_samples, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(_preprocess_function(classifier), num_parallel_calls=tf.data.AUTOTUNE)
         .with_options(options)
     )
     return keras.tree.map_structure(
         lambda *arrays: np.concatenate(arrays), *batches.as_numpy_iterator()
     )
 
+
+
+def _preprocess_function(classifier):
+    """`x -> model inputs` of a classifier or of a preprocessor."""
+    if hasattr(classifier, "preprocess_samples"):
+        return classifier.preprocess_samples
+    if not callable(classifier):
+        raise TypeError(
+            "`tokenize()` takes a KerasHub text classifier or its "
+            f"preprocessor. Received: {type(classifier).__name__}"
+        )
+
+    def preprocess(x):  # `x=`: a pair is one `x`; drop the `(x,)` packing.
+        return keras.utils.unpack_x_y_sample_weight(classifier(x=x))[0]
+
+    return preprocess
 
 def tokenize_splits(classifier, splits, batch_size=1024):
     """`tokenize()` for several splits at once, in one pipeline.

@@ -116,6 +116,19 @@ def test_tokenize_sentence_pairs():
     )
 
 
+
+def test_tokenize_takes_a_preprocessor_alone():
+    preprocessor = _small().preprocessor
+    pairs = (tiny.SENTENCES, tiny.SECOND_SENTENCES)
+    for features in (tiny.SENTENCES, pairs):
+        x = keras_isobn.models.tokenize(preprocessor, features, batch_size=3)
+        want = tiny.token_inputs(preprocessor, features)
+        assert sorted(x) == sorted(want)
+        for name in want:
+            np.testing.assert_array_equal(x[name], want[name], name)
+    with pytest.raises(TypeError, match="classifier or its preprocessor"):
+        keras_isobn.models.tokenize("not a preprocessor", tiny.SENTENCES)
+
 def test_text_classifier_from_the_minilm_checkpoint():
     classifier = keras_isobn.models.text_classifier_from_preset(
         MINILM, num_classes=3, sequence_length=12, beta=0.3
