@@ -140,7 +140,9 @@ def test_paired_comparison_is_a_t_interval_over_seeds():
     assert "isobn-unit" not in rows  # Not run: no row.
 
 
-def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(tmp_path):
+def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
+    tmp_path, capfd
+):
     import keras_hub
 
     data = glue.sample_data_dir()
@@ -181,6 +183,10 @@ def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(tmp_path):
         (runs / "sst2" / "isobn-unit" / "seed-1" / "results.json").read_text()
     )
     assert result["preset"] == str(first)
+    # A preset, even on the sample's data: no "the sample cannot show" line.
+    printed = capfd.readouterr().out
+    assert "[glue] sst2/isobn-unit/seed-1: best epoch" in printed
+    assert "The sample shows" not in printed
     assert result["hyperparameters"]["train_limit"] == 32
     assert 0.0 <= result["dev_metrics"]["accuracy"] <= 1.0
     assert out["paired"] == []  # One seed: no interval, no claim.

@@ -37,12 +37,16 @@ def _lr(step, peak, total, warmup):
     "task_name, norm",
     [("sst2", "none"), ("mrpc", "batchnorm"), ("stsb", "isobn")],
 )
-def test_one_epoch_end_to_end(tmp_path, task_name, norm):
+def test_one_epoch_end_to_end(tmp_path, task_name, norm, capsys):
     task = glue.get_task(task_name)
     (results,) = glue_recipe.main(
         FAST + ["--task", task_name, "--norm", norm,
                 "--output-dir", str(tmp_path)]
     )  # fmt: skip
+    # On the sample, the last line says what the sample cannot show.
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == glue_recipe.SAMPLE_CAVEAT
+    assert "anisotropy_lab" in printed[-1]
     seed_dir = tmp_path / task_name / norm / "seed-1"
     assert _read(seed_dir / "results.json") == json.loads(json.dumps(results))
     assert (seed_dir / "best.keras").is_file()
@@ -180,7 +184,7 @@ def test_defaults_are_the_papers_with_a_preset():
     assert args.adam_epsilon == 1e-6 and args.data_dir is None  # TFDS.
     sample = glue_recipe.parse_args([])
     assert sample.task == ["sst2", "stsb"]
-    assert sample.norm == ["none", "batchnorm", "isobn"]
+    assert sample.norm == ["none", "batchnorm", "isobn", "isobn-unit"]
     assert sample.data_dir == glue.sample_data_dir()
 
 
