@@ -23,10 +23,12 @@ paper's two claims on it:
    (`keras_isobn.isotropy`), beside the same for the untrained backbone.
 3. `experiment`: `recipes/glue.py` over tasks x norms x seeds on the
    preset, then `recipes/report.py`'s tables and, for each norm against
-   none, a paired comparison over seeds with a bootstrap interval
-   (`tables`, also a command of its own).
+   none, a paired comparison over seeds with a Student-t interval
+   (`tables`, also a command of its own). Arguments after `--` go to the
+   recipe, the same for every norm.
 
-Usage, from the repository root (the full lab: about 2.5 hours on 2 cores):
+Usage, from the repository root (the full lab, as committed in
+`benchmarks/results/anisotropy_lab/`: about 2.5 hours on 2 cores):
 
 ```
 python -m benchmarks.anisotropy_lab pretrain --glue-dir ../shared/glue \\
@@ -35,7 +37,8 @@ python -m benchmarks.anisotropy_lab anisotropy --preset /tmp/lab/preset \\
     --glue-dir ../shared/glue --output benchmarks/results/anisotropy_lab
 python -m benchmarks.anisotropy_lab experiment --preset /tmp/lab/preset \\
     --glue-dir ../shared/glue --runs /tmp/lab/runs \\
-    --output benchmarks/results/anisotropy_lab
+    --output benchmarks/results/anisotropy_lab -- --train-limit 1000 \\
+    --max-sequence-length 64 --batch-size 32 --epochs 3 --learning-rate 5e-4
 ```
 """
 
@@ -462,39 +465,55 @@ def experiment(args, recipe_args):
 
 
 def paired_comparison(results, confidence=0.95):
-    """Each norm against none, paired by (task, seed): mean and t-interval.
+    """Each norm against none, paired by (task, seed): mean and t-intervals.
 
     Args:
         results: `results.json` dicts of one preset.
         confidence: Of the two-sided Student-t interval over the seeds.
 
     Returns:
-        Rows `task, norm, seeds, mean_difference, low, high, claim`, in
-        points (x100) of the task's primary metric; `claim` is `"better"`
-        or `"worse"` when the interval excludes zero, else `"no claim"`.
+        Rows `task, norm, seeds, differences, mean_difference, low, high,
+        claim, adjusted_low, adjusted_high, adjusted_claim`, in points
+        (x100) of the task's primary metric. `claim` is `"better"` or
+        `"worse"` when the interval excludes zero, else `"no claim"`; the
+        `adjusted_` ones are the same at the Bonferroni level for all the
+        rows together (confidence `1 - (1 - confidence) / rows`), so that
+        the chance of any false claim among them stays under
+        `1 - confidence`.
     """
     from scipy import stats
 
     score = {(r["task"], r["norm"], r["seed"]):
              100 * r["dev_metrics"][r["primary_metric"]] for r in results}
-    rows = []
+    pairs = []
     for task in dict.fromkeys(r["task"] for r in results):
         for norm in NORMS[1:]:
             seeds = sorted(s for t, n, s in score if t == task and n == norm
                            and (task, "none", s) in score)  # fmt: skip
-            if len(seeds) < 2:
-                continue
-            d = np.array([score[task, norm, s] - score[task, "none", s]
-                          for s in seeds])  # fmt: skip
-            half = stats.t.ppf((1 + confidence) / 2, len(d) - 1) * (
-                d.std(ddof=1) / np.sqrt(len(d)))
-            low, high = d.mean() - half, d.mean() + half
-            claim = "better" if low > 0 else "worse" if high < 0 else "no claim"
-            rows.append({"task": task, "norm": norm, "seeds": len(d),
-                         "differences": d.round(2).tolist(),
-                         "mean_difference": float(d.mean()),
-                         "low": float(low), "high": float(high),
-                         "claim": claim})  # fmt: skip
+            if len(seeds) >= 2:
+                pairs.append((task, norm, np.array(
+                    [score[task, norm, s] - score[task, "none", s]
+                     for s in seeds])))  # fmt: skip
+
+    def interval(d, level):
+        half = stats.t.ppf((1 + level) / 2, len(d) - 1) * (
+            d.std(ddof=1) / np.sqrt(len(d)))
+        low, high = d.mean() - half, d.mean() + half
+        claim = "better" if low > 0 else "worse" if high < 0 else "no claim"
+        return float(low), float(high), claim
+
+    adjusted = 1 - (1 - confidence) / max(len(pairs), 1)
+    rows = []
+    for task, norm, d in pairs:
+        low, high, claim = interval(d, confidence)
+        a_low, a_high, a_claim = interval(d, adjusted)
+        rows.append({"task": task, "norm": norm, "seeds": len(d),
+                     "differences": d.round(2).tolist(),
+                     "mean_difference": float(d.mean()),
+                     "low": low, "high": high, "claim": claim,
+                     "adjusted_confidence": adjusted,
+                     "adjusted_low": a_low, "adjusted_high": a_high,
+                     "adjusted_claim": a_claim})  # fmt: skip
     return rows
 
 
@@ -506,15 +525,18 @@ def tables(args):
     paths = report.main([args.runs, "--output", args.output])
     results = report.load_results(args.runs)
     rows = paired_comparison(results)
+    level = rows[0]["adjusted_confidence"] if rows else 0.95
     lines = [
         "| task | norm vs none | seeds | differences (points) | mean | "
-        "95% interval | claim |",
-        "|---|---|---|---|---|---|---|",
+        f"95% interval | claim | {100 * level:.2f}% interval "
+        f"(Bonferroni, {len(rows)} comparisons) | claim |",
+        "|---|---|---|---|---|---|---|---|---|",
     ] + [
         f"| {r['task']} | {r['norm']} | {r['seeds']} | "
         f"{' / '.join(f'{v:+.1f}' for v in r['differences'])} | "
         f"{r['mean_difference']:+.2f} | [{r['low']:+.2f}, {r['high']:+.2f}] | "
-        f"{r['claim']} |"
+        f"{r['claim']} | [{r['adjusted_low']:+.2f}, "
+        f"{r['adjusted_high']:+.2f}] | {r['adjusted_claim']} |"
         for r in rows
     ]  # fmt: skip
     with open(os.path.join(args.output, "paired.md"), "w") as file:

@@ -138,6 +138,12 @@ def test_paired_comparison_is_a_t_interval_over_seeds():
     assert rows["isobn"]["claim"] == "better"
     assert rows["batchnorm"]["claim"] == "no claim"
     assert "isobn-unit" not in rows  # Not run: no row.
+    # Bonferroni over the 2 comparisons: the 97.5% interval, wider.
+    low, high = stats.t.interval(0.975, 4, loc=d.mean(), scale=stats.sem(d))
+    assert rows["isobn"]["adjusted_confidence"] == pytest.approx(0.975)
+    assert rows["isobn"]["adjusted_low"] == pytest.approx(low)
+    assert rows["isobn"]["adjusted_high"] == pytest.approx(high)
+    assert rows["isobn"]["adjusted_claim"] == "better"
 
 
 def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
