@@ -44,7 +44,6 @@ python -m benchmarks.anisotropy_lab experiment --preset /tmp/lab/preset \\
 
 import argparse
 import csv
-import json
 import os
 import subprocess
 import sys

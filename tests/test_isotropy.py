@@ -128,7 +128,6 @@ def test_clustered_correlation_with_a_constant_feature(rng):
     np.testing.assert_array_equal(correlation[position], expected)
 
 
-
 def test_isotropy_summary_matches_numpy_statements(rng):
     z = rng.normal(size=(3000, 3))
     # Features 0-2 one group (copies of z0, scaled), 3-4 a second, 5 alone.
@@ -170,6 +169,7 @@ def test_isotropy_summary_of_isotropic_data_and_a_constant_feature(rng):
     assert summary["constant_features"] == 1
     assert summary["std_p95_p5"] < 1.1  # The 5th percentile skips it.
     assert all(np.isfinite(v) for v in summary.values())
+
 
 def test_logit_variance_share_matches_projected_logits(rng):
     x = rng.normal(size=(400, 6)) @ rng.normal(size=(6, 6))

@@ -252,7 +252,6 @@ def tokenize(classifier, features, batch_size=1024):
     )
 
 
-
 def _preprocess_function(classifier):
     """`x -> model inputs` of a classifier or of a preprocessor."""
     if hasattr(classifier, "preprocess_samples"):
@@ -267,6 +266,7 @@ def _preprocess_function(classifier):
         return keras.utils.unpack_x_y_sample_weight(classifier(x=x))[0]
 
     return preprocess
+
 
 def tokenize_splits(classifier, splits, batch_size=1024):
     """`tokenize()` for several splits at once, in one pipeline.

@@ -116,7 +116,6 @@ def test_tokenize_sentence_pairs():
     )
 
 
-
 def test_tokenize_takes_a_preprocessor_alone():
     preprocessor = _small().preprocessor
     pairs = (tiny.SENTENCES, tiny.SECOND_SENTENCES)
@@ -128,6 +127,7 @@ def test_tokenize_takes_a_preprocessor_alone():
             np.testing.assert_array_equal(x[name], want[name], name)
     with pytest.raises(TypeError, match="classifier or its preprocessor"):
         keras_isobn.models.tokenize("not a preprocessor", tiny.SENTENCES)
+
 
 def test_text_classifier_from_the_minilm_checkpoint():
     classifier = keras_isobn.models.text_classifier_from_preset(
