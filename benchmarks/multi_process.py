@@ -280,7 +280,7 @@ def _markdown(payload):
         "`python -m benchmarks.multi_process --output benchmarks/results`.",
         "",
         f"Machine: {env['cpu_model']}, {env['cpu_count_usable']} usable "
-        f"cores, shared with another job (load before: "
+        f"cores (load before: "
         f"`{env['uptime_before']}`; after: `{env['uptime_after']}`). "
         f"{versions}.",
         "",
@@ -310,11 +310,11 @@ def _markdown(payload):
         f"{summary['allreduce_measured_ms']:.1f} ms (median), and one of "
         f"a single float {summary['allreduce_one_float_ms']:.2f} ms: a "
         "collective costs its latency (waiting for the other process), "
-        "not its volume, and on these loaded cores that latency varies by "
-        "milliseconds. The step's gap to the 1-process step is thus mostly "
-        "waiting: each of the step's collectives (the gradients', IsoBN's "
-        "and the metrics' sums) waits until both processes reach it, and a "
-        "process on cores shared with another job is often descheduled.",
+        "not its volume. The step's gap to the 1-process step is thus "
+        "mostly waiting: each of the step's collectives (the gradients', "
+        "IsoBN's and the metrics' sums) waits until both processes reach "
+        "it, and two processes on two cores are descheduled in turn by "
+        "everything else the machine runs.",
         "- On 2 shared cores the 2 processes cannot be faster than one: "
         "each computes half the batch but they share the cores, and gloo "
         "adds the all-reduces. The point of the mode is correctness (the "
