@@ -28,7 +28,6 @@ if __name__ == "__main__":
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import keras_isobn  # noqa: E402
 import report  # noqa: E402  (recipes/report.py, next to this file)
 from keras_isobn import distribution  # noqa: E402
 from keras_isobn import glue  # noqa: E402
