@@ -13,9 +13,13 @@ the checkpoint and the wheels of Keras and KerasHub. Three commands:
     finite and updated at every tenth of the run while the layer computes
     in float16, and scores the dev examples;
   - `throughput`: training examples/s of the classifier with IsoBN, with
-    BatchNormalization and with none (all with `fine_tuning_adamw`), and
-    with none and `keras.optimizers.AdamW` (the optimizer's own cost), in
-    whole `fit` blocks and in paired `train_on_batch` steps, alternating;
+    IsoBN's statistics frozen (`trainable=False`: the product by the
+    scale alone), with BatchNormalization and with none (all with
+    `fine_tuning_adamw`), and with none and `keras.optimizers.AdamW` (the
+    optimizer's own cost), in whole `fit` blocks and in paired
+    `train_on_batch` steps, alternating; on JAX also in blocks of the
+    compiled train step alone (`jax.jit(model.train_step)`, no Keras
+    loop: the device's time, with what `fit` adds on the host left out);
   - `layer`: the layer alone, a train step on a `(4096, 1024)` float16
     batch, IsoBN against BatchNormalization (`benchmarks.layer_cost`);
   - `numerics`: the layer's batch statistics and scale on the device
@@ -74,9 +78,11 @@ GOALS = {
     "isobn_over_none_jax": 1.03,
     "fine_tuning_adamw_over_keras_adamw": 1.05,
 }
-# The classifiers of the throughput section: (normalization, optimizer).
+# The classifiers of the throughput section: (normalization, optimizer);
+# "isobn_frozen" is IsoBN with `trainable=False` (no statistics update).
 VARIANTS = {
     "isobn": ("isobn", "fine_tuning_adamw"),
+    "isobn_frozen": ("isobn_frozen", "fine_tuning_adamw"),
     "none": (None, "fine_tuning_adamw"),
     "batchnorm": ("batchnorm", "fine_tuning_adamw"),
     "none_keras_adamw": (None, "keras_adamw"),
@@ -207,12 +213,15 @@ def make_classifier(bundle, normalization, optimizer, total_steps, args,
 
     keras.utils.set_random_seed(args.seed)
     backbone = keras_hub.models.BertBackbone.from_preset(bundle.checkpoint)
+    frozen = normalization == "isobn_frozen"
     classifier = IsoBNBertTextClassifier(
         backbone=backbone,
         num_classes=bundle.manifest["num_classes"],
         preprocessor=None,
-        normalization=normalization,
+        normalization="isobn" if frozen else normalization,
     )
+    if frozen:
+        classifier.normalization.trainable = False
     if optimizer == "fine_tuning_adamw":
         optimizer = fine_tuning_adamw(args.learning_rate, total_steps)
     else:
@@ -351,27 +360,98 @@ def section_throughput(bundle, args, save):
     steps = end_to_end.time_steps(classifiers, batches, args.timing_steps)
     for timing in steps.values():
         timing["examples_per_s"] = batch / timing["median_s"]
+    compiled = None
+    if keras.backend.backend() == "jax":
+        compiled = compiled_step_blocks(
+            classifiers, batches[0], block, args.fit_rounds
+        )
 
     def ratios(numerator, denominator):
-        return {
+        ratio = {
             "fit_blocks": fit[numerator]["median_s"]
             / fit[denominator]["median_s"],
             "train_on_batch": end_to_end.paired_ratio(
                 steps[numerator], steps[denominator]
             ),
         }
+        if compiled:
+            ratio["compiled_step_blocks"] = (
+                compiled[numerator]["median_s"]
+                / compiled[denominator]["median_s"]
+            )
+        return ratio
 
-    return {
+    result = {
         "policy": "mixed_float16",
         "batch_size": batch,
         "fit": fit,
         "train_on_batch": steps,
         "ratios": {
             "isobn_over_none": ratios("isobn", "none"),
+            "isobn_frozen_over_none": ratios("isobn_frozen", "none"),
             "batchnorm_over_none": ratios("batchnorm", "none"),
             "fine_tuning_adamw_over_keras_adamw":
                 ratios("none", "none_keras_adamw"),
         },
+    }
+    if compiled:
+        result["compiled_step_blocks"] = compiled
+    return result
+
+
+def compiled_step_blocks(classifiers, data, block, rounds):
+    """Seconds of `block` compiled train steps per classifier (JAX).
+
+    Each classifier's `train_step` is compiled by `jax.jit` with its state
+    donated, as `fit` does, and called `block` times on one batch in a row
+    before waiting for the result: what the device takes per step, without
+    the host's work of Keras's loop (iterator, callbacks, state
+    bookkeeping) between steps. The classifiers alternate, block by block;
+    their variables are left untouched (the steps run on copies).
+
+    Returns:
+        Dict of name to `common.summarize()` of the block seconds, with
+        `"steps_per_block"` and `"examples_per_s"`.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    inputs, labels = data
+    inputs = {k: np.asarray(v) for k, v in inputs.items()}
+    inputs["padding_mask"] = inputs["padding_mask"].astype("int32")
+    data = jax.device_put((inputs, np.asarray(labels)))
+    batch = len(labels)
+
+    def runner(classifier):
+        state = tuple(
+            [jnp.copy(v.value) for v in variables]
+            for variables in (
+                classifier.trainable_variables,
+                classifier.non_trainable_variables,
+                classifier.optimizer.variables,
+                classifier.metrics_variables,
+            )
+        )
+        step = jax.jit(classifier.train_step, donate_argnums=0)
+        carried = {"state": state}
+
+        def run(index):
+            state = carried["state"]
+            for _ in range(block):
+                logs, state = step(state, data)
+            jax.block_until_ready((logs, state))
+            carried["state"] = state
+
+        return run
+
+    timed = common.alternate(
+        {name: runner(c) for name, c in classifiers.items()}, rounds
+    )
+    return {
+        name: dict(common.summarize(t["times"]), steps_per_block=block,
+                   examples_per_s=block * batch
+                   / float(np.median(t["times"])))
+        for name, t in timed.items()
     }
 
 
@@ -705,6 +785,21 @@ def summary_rows(parts):
                 "fine_tuning_adamw/AdamW "
                 f"{r['fine_tuning_adamw_over_keras_adamw']['fit_blocks']:.3f}"
             )
+            rows.append(
+                f"{part}: IsoBN with frozen statistics / none: "
+                f"{r['isobn_frozen_over_none']['fit_blocks']:.3f} in fit "
+                "blocks"
+            )
+            if "compiled_step_blocks" in r["isobn_over_none"]:
+                rows.append(
+                    f"{part}: compiled train steps alone (no fit loop): "
+                    "IsoBN / frozen IsoBN / BN over none "
+                    + " / ".join(
+                        f"{r[k]['compiled_step_blocks']:.3f}"
+                        for k in ("isobn_over_none", "isobn_frozen_over_none",
+                                  "batchnorm_over_none")
+                    )
+                )
         layer = sections.get("layer", {})
         if "median_ms" in layer:
             rows.append(

@@ -12,7 +12,8 @@
 #            [--small] [--no-hf] [--no-jit]
 #      installs the bundle's wheels into OUT/site (nothing else is touched),
 #      then, each in a fresh process: per backend, mixed_float16 fine-tuning
-#      with IsoBN and its checks, examples/s with IsoBN / none / BN and of our
+#      with IsoBN and its checks, examples/s with IsoBN / frozen IsoBN / none /
+#      BN (and of the compiled step alone on JAX) and of our
 #      optimizer against Keras's AdamW, the layer alone, mixed_bfloat16; then
 #      HF Trainer on the same token ids when `transformers` is there; last,
 #      PyTorch's jit_compile=True (--jit-timeout). Writes one JSON,

@@ -125,6 +125,44 @@ def test_checkpoint_is_stored_in_float16_and_loads_as_float32(tmp_path):
     )
 
 
+def test_frozen_variant_keeps_its_statistics_and_compiled_steps_copy(
+    bundle,
+):
+    import argparse
+
+    b = gpu_check.Bundle(bundle[0])
+    args = argparse.Namespace(seed=0, learning_rate=1e-3)
+    frozen = gpu_check.make_classifier(b, "isobn_frozen", "keras_adamw",
+                                       10, args)
+    trained = gpu_check.make_classifier(b, "isobn", "keras_adamw", 10, args)
+    assert frozen.normalization.trainable is False
+    x, y = b.inputs("train", slice(0, 8)), b.labels("train", slice(0, 8))
+    for classifier in (frozen, trained):
+        classifier.train_on_batch(x, y)
+    covariance = keras.ops.convert_to_numpy(
+        frozen.normalization.moving_covariance
+    )
+    assert not covariance.any()  # Frozen: no update, the scale stays 1.
+    assert keras.ops.convert_to_numpy(
+        trained.normalization.moving_covariance
+    ).any()
+    if BACKEND != "jax":
+        return
+    before = [keras.ops.convert_to_numpy(v) for v in trained.variables]
+    blocks = gpu_check.compiled_step_blocks(
+        {"isobn": trained, "isobn_frozen": frozen}, (x, y), block=2, rounds=2
+    )
+    assert set(blocks) == {"isobn", "isobn_frozen"}
+    assert blocks["isobn"]["steps_per_block"] == 2
+    assert blocks["isobn"]["examples_per_s"] > 0
+    # The steps ran on copies: the classifier's variables are untouched
+    # (and still usable: donation did not delete their buffers).
+    for value, variable in zip(before, trained.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(variable), value
+        )
+
+
 def test_bundle_errors_name_the_problem(tmp_path, bundle):
     with pytest.raises(FileExistsError, match="not empty"):
         gpu_bundle.main([bundle[0], "--glue-dir", sample_dir(),
@@ -209,9 +247,21 @@ def test_runner_refuses_tensorflow_and_runs_without_it(
     assert set(throughput["fit"]) == set(gpu_check.VARIANTS)
     for timing in throughput["fit"].values():
         assert timing["examples_per_s"] > 0
+    assert set(throughput["ratios"]) == {
+        "isobn_over_none", "isobn_frozen_over_none", "batchnorm_over_none",
+        "fine_tuning_adamw_over_keras_adamw",
+    }
     for ratio in throughput["ratios"].values():
         assert ratio["fit_blocks"] > 0
         assert ratio["train_on_batch"]["median"] > 0
+        # The compiled step alone, without Keras's loop: JAX only.
+        assert (ratio.get("compiled_step_blocks", 0) > 0) == (
+            BACKEND == "jax"
+        )
+    if BACKEND == "jax":
+        compiled = throughput["compiled_step_blocks"]
+        assert set(compiled) == set(gpu_check.VARIANTS)
+        assert all(t["examples_per_s"] > 0 for t in compiled.values())
     layer = sections["layer"]
     assert layer["median_ms"]["train/isobn"] > 0
     assert layer["median_ms"]["train/batchnorm"] > 0
