@@ -208,20 +208,22 @@ def make_classifier(bundle, normalization, optimizer, total_steps, args,
     import keras
     import keras_hub
 
+    from keras_isobn import IsoBatchNormalization
     from keras_isobn.models import IsoBNBertTextClassifier
     from keras_isobn.optimizers import fine_tuning_adamw
 
     keras.utils.set_random_seed(args.seed)
     backbone = keras_hub.models.BertBackbone.from_preset(bundle.checkpoint)
-    frozen = normalization == "isobn_frozen"
+    if normalization == "isobn_frozen":
+        # A template layer (see `get_pooled_normalization`): IsoBN whose
+        # statistics are not updated in training.
+        normalization = IsoBatchNormalization(trainable=False)
     classifier = IsoBNBertTextClassifier(
         backbone=backbone,
         num_classes=bundle.manifest["num_classes"],
         preprocessor=None,
-        normalization="isobn" if frozen else normalization,
+        normalization=normalization,
     )
-    if frozen:
-        classifier.normalization.trainable = False
     if optimizer == "fine_tuning_adamw":
         optimizer = fine_tuning_adamw(args.learning_rate, total_steps)
     else:
@@ -347,11 +349,7 @@ def section_throughput(bundle, args, save):
             keras.Model.fit(classifier, x, y, batch_size=batch, epochs=1,
                             shuffle=False, verbose=0)
             blocks[name].append(time.perf_counter() - start)
-    fit = {
-        name: dict(common.summarize(times), steps_per_block=block,
-                   examples_per_s=block * batch / float(np.median(times)))
-        for name, times in blocks.items()
-    }
+    fit = block_rates(blocks, block, batch)
     batches = [
         (bundle.inputs("train", slice(i, i + batch)),
          bundle.labels("train", slice(i, i + batch)))
@@ -418,6 +416,7 @@ def compiled_step_blocks(classifiers, data, block, rounds):
 
     inputs, labels = data
     inputs = {k: np.asarray(v) for k, v in inputs.items()}
+    # int32, as `preprocess_samples` makes it in `fit`'s data pipeline.
     inputs["padding_mask"] = inputs["padding_mask"].astype("int32")
     data = jax.device_put((inputs, np.asarray(labels)))
     batch = len(labels)
@@ -447,11 +446,27 @@ def compiled_step_blocks(classifiers, data, block, rounds):
     timed = common.alternate(
         {name: runner(c) for name, c in classifiers.items()}, rounds
     )
+    return block_rates(
+        {name: t["times"] for name, t in timed.items()}, block, batch
+    )
+
+
+def block_rates(blocks, steps, batch):
+    """`common.summarize()` of each name's block seconds, with the rate.
+
+    Args:
+        blocks: Dict of name to the seconds of its blocks.
+        steps: Train steps per block.
+        batch: Examples per step.
+
+    Returns:
+        Dict of name to the summary, with `"steps_per_block"` and
+        `"examples_per_s"` (at the median block).
+    """
     return {
-        name: dict(common.summarize(t["times"]), steps_per_block=block,
-                   examples_per_s=block * batch
-                   / float(np.median(t["times"])))
-        for name, t in timed.items()
+        name: dict(common.summarize(times), steps_per_block=steps,
+                   examples_per_s=steps * batch / float(np.median(times)))
+        for name, times in blocks.items()
     }
 
 
