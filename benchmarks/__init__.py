@@ -1,4 +1,4 @@
-"""Benchmarks of keras-isobn: layer cost, stability, end to end, imports.
+"""Benchmarks of keras-isobn: layer cost, end to end, imports, GPU.
 
 Run the whole suite with `python -m benchmarks` (see `--help`); each
 script also runs alone, e.g. `python -m benchmarks.layer_cost --help`.

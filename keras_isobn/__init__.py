@@ -8,6 +8,10 @@ and scikit-learn when used; `plots`: matplotlib) load on first access, e.g.
 
 import importlib
 
+from keras_isobn import runtime
+
+runtime.quiet_startup()  # Before Keras is imported: see keras_isobn.runtime.
+
 from keras_isobn import optimizers  # Registers the schedule saved models use.
 from keras_isobn.callbacks import EVkCallback
 from keras_isobn.layers import IsoBatchNormalization
@@ -15,17 +19,22 @@ from keras_isobn.layers import IsoBatchNormalization
 __version__ = "0.1.0"
 
 _SUBMODULES = (
+    "batching",
     "callbacks",
     "distribution",
     "export",
+    "files",
     "glue",
     "isotropy",
     "launch",
     "layers",
+    "mixed_precision",
     "models",
     "optimizers",
     "plots",
-    "resume",
+    "run_directory",
+    "runtime",
+    "tokenization",
 )
 __all__ = ["EVkCallback", "IsoBatchNormalization", *_SUBMODULES]
 

@@ -4,8 +4,11 @@ import numpy as np
 
 import keras_isobn
 
+__all__ = ["main"]
+
 
 def main():
+    """Prints the spread of feature stds, EV_3 and total variance, in & out."""
     rng = np.random.default_rng(0)
     # Embeddings like pre-trained [CLS] vectors: stds over four decades and
     # a few highly correlated groups of features.

@@ -38,6 +38,13 @@ import numpy as np
 
 from keras_isobn.layers import IsoBatchNormalization
 
+__all__ = [
+    "SERVING_ENDPOINT",
+    "export_saved_model",
+    "export_text_serving",
+    "fold_normalization",
+]
+
 SERVING_ENDPOINT = "serve"
 
 

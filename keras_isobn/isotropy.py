@@ -2,11 +2,23 @@
 
 Every function takes embeddings `x` of shape `(samples, features)`, as a
 NumPy array or a backend tensor, computes in float64 NumPy and returns plain
-NumPy arrays or Python floats.
+NumPy arrays or Python floats. `isobn_reference_scale()` states IsoBN's
+scale from its statistics in float64 NumPy, the reference that the layer is
+tested (and checked on accelerators) against.
 """
 
 import keras
 import numpy as np
+
+__all__ = [
+    "clustered_correlation",
+    "explained_variance",
+    "feature_std",
+    "isobn_reference_scale",
+    "isotropy_summary",
+    "logit_variance_share",
+    "optimal_logit_variance_share",
+]
 
 
 def explained_variance(x, k=3):
@@ -309,6 +321,66 @@ def isotropy_summary(x, k=(1, 3), threshold=0.5):
     )
     return summary
 
+
+def isobn_reference_scale(
+    covariance,
+    std,
+    epsilon=1e-3,
+    beta=0.5,
+    degenerate_limit=False,
+    output_variance="total",
+):
+    """IsoBN's per-feature scale `m * a` from its statistics, in float64.
+
+    An independent NumPy statement of the equations of
+    `keras_isobn.IsoBatchNormalization` (Zhou et al., 2021): with the
+    correlations `rho = covariance / outer(std, std)` (clipped to
+    `[-1, 1]`) and `gamma_j = mean_i(rho_ij ** 2)`, the scale of feature
+    `j` is `a_j = (gamma_j * std_j + epsilon) ** -beta`, times the `m` that
+    brings the total variance `sum_j(covariance_jj * a_j ** 2)` back to
+    `trace(covariance)` (or, with `output_variance="unit"`, to the number
+    of features). The layer multiplies its (centred) inputs by it.
+
+    Args:
+        covariance: Array of shape `(features, features)`, the covariance of
+            the features (the layer's `moving_covariance`, or a batch's).
+        std: Array of shape `(features,)`, their standard deviations.
+        epsilon: Float, as the layer's. Defaults to `1e-3`.
+        beta: Float, as the layer's. Defaults to `0.5`.
+        degenerate_limit: Whether correlations with a zero-std feature are
+            `0` (the limit the layer takes) rather than NaN. Defaults to
+            `False`.
+        output_variance: `"total"` (the default) or `"unit"`, as the
+            layer's.
+
+    Returns:
+        A float64 NumPy array of shape `(features,)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> covariance = np.array([[4.0, 0.0], [0.0, 1.0]])
+    >>> scale = isobn_reference_scale(covariance, np.sqrt(np.diag(covariance)))
+    >>> np.round(scale, 3)
+    array([0.913, 1.29 ])
+    """
+    covariance = np.asarray(covariance, np.float64)
+    std = np.asarray(std, np.float64)
+    outer = np.outer(std, std)
+    if degenerate_limit:
+        rho = np.divide(
+            covariance, outer, out=np.zeros_like(outer), where=outer > 0
+        )
+    else:
+        rho = covariance / outer
+    rho = np.clip(rho, -1, 1)
+    gamma = np.mean(rho**2, axis=1)
+    a = (gamma * std + epsilon) ** -beta
+    total = np.trace(covariance)
+    new_total = np.sum(np.diag(covariance) * a**2)
+    if output_variance == "unit":
+        total = len(std)
+    return a * np.sqrt(total / (new_total + epsilon))
 
 def _as_float64(x):
     if not isinstance(x, np.ndarray):

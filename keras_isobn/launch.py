@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+__all__ = ["environments", "free_port", "launch", "main"]
+
 
 def free_port(host="127.0.0.1"):
     """A TCP port of `host` that no process listens on (at the time)."""
@@ -81,9 +83,13 @@ def launch(command, processes, devices=None, timeout=None):
     """
     started = [
         subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1,
-        )  # fmt: skip
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
         for env in environments(processes, devices)
     ]
     copiers = [

@@ -2,6 +2,8 @@
 
 import keras
 
+__all__ = ["FineTuningAdamW", "WarmupLinearDecay", "fine_tuning_adamw"]
+
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):

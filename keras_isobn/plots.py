@@ -12,6 +12,13 @@ import re
 import numpy as np
 from matplotlib.figure import Figure
 
+__all__ = [
+    "plot_correlation_heatmap",
+    "plot_ev_curves",
+    "plot_logit_variance_share",
+    "plot_std_histogram",
+]
+
 
 def plot_std_histogram(std, bins=50, limits=None, title=None, path=None):
     """Histogram of per-feature standard deviations, on a log x axis.

@@ -28,6 +28,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # Quiet TF's C++ logs.
 # "torch".
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
+# Imported before Keras, keras_isobn keeps TensorFlow's start-up lines out
+# of the outputs (`keras_isobn.runtime`).
+import keras_isobn
+
 # %% tags=["parameters"]
 # Parameters.
 PRESET = None  # KerasHub preset or local directory; None: MiniLM.
@@ -50,7 +54,6 @@ import numpy as np
 from IPython.display import Markdown
 from IPython.display import display
 
-import keras_isobn
 from keras_isobn import glue
 from keras_isobn import isotropy
 from keras_isobn import plots

@@ -25,6 +25,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # Quiet TF's C++ logs.
 # "torch".
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
+# Imported before Keras, keras_isobn keeps TensorFlow's start-up lines out
+# of the outputs (`keras_isobn.runtime`).
+import keras_isobn
+
 # %% tags=["parameters"]
 # Parameters.
 PRESET = "minilm"  # "minilm": offline MiniLM checkpoint; "tiny": small
@@ -52,7 +56,6 @@ import numpy as np
 from IPython.display import Markdown
 from IPython.display import display
 
-import keras_isobn
 from keras_isobn import export
 from keras_isobn import glue
 from keras_isobn import models
@@ -188,19 +191,20 @@ plots.plot_ev_curves(
 # logits layer sees at the end. One seed on a small sample: treat
 # differences of a few points as noise.
 #
-# On real data (`benchmarks/results/glue_minilm/`: MiniLM, STS-B, 1000
+# On real data (`experiments/glue_minilm/`: MiniLM, STS-B, 1000
 # training pairs, 3 seeds) IsoBN with `output_variance="unit"` scored
 # 80.0 ± 1.1 dev Pearson against 72.8 ± 0.8 for the paper's IsoBN and
 # 81.1 ± 0.1 for BatchNormalization: MiniLM's pooled features are small,
-# and their scale, not their isotropy, held the head back. Behind a simulated anisotropic encoder (MiniLM
-# plus a fixed map giving EV_3 0.87, `benchmarks/results/anisotropic_minilm/`)
-# the paper's IsoBN scored 79.0 ± 1.7, plain fine-tuning 80.4 ± 0.9,
-# BatchNormalization 81.1 ± 0.6 and unit-variance IsoBN 83.0 ± 2.3: a lead
-# for the unit-variance variant that three seeds do not resolve.
+# and their scale, not their isotropy, held the head back. Behind a
+# simulated anisotropic encoder (MiniLM plus a fixed map giving EV_3
+# 0.87, `experiments/anisotropic_glue/`) the paper's IsoBN scored
+# 79.0 ± 1.7, plain fine-tuning 80.4 ± 0.9, BatchNormalization
+# 81.1 ± 0.6 and unit-variance IsoBN 83.0 ± 2.3: a lead for the
+# unit-variance variant that three seeds do not resolve.
 #
 # Neither encoder is what IsoBN is made for: MiniLM is contrastively
 # trained and isotropic. The anisotropy lab
-# (`benchmarks/results/anisotropy_lab/`) pretrains a small BERT with
+# (`experiments/anisotropy_lab/`) pretrains a small BERT with
 # masked language modelling on the GLUE training sentences, which leaves
 # its features anisotropic as the paper describes (dev EV_3 0.41-0.76
 # against MiniLM's 0.08-0.15; BERT-base about 0.86 in the paper), and

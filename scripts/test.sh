@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Runs the whole test suite once per Keras backend (tensorflow, jax, torch).
-# Fails if any backend fails or runs no test. The notebooks are executed once,
-# on the TensorFlow backend. Extra arguments go to pytest.
+# Builds the docs (`mkdocs build --strict`: a broken link or a missing API
+# reference fails it), then runs the whole test suite once per Keras backend
+# (tensorflow, jax, torch). Fails if the docs build fails, or if any backend
+# fails or runs no test. The notebooks are executed once, on the TensorFlow
+# backend. Extra arguments go to pytest.
 # Usage: bash scripts/test.sh [pytest args]   (BACKENDS="jax" to run fewer)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=3 PYTHONDONTWRITEBYTECODE=1
 status=0
 summary=()
+
+echo "=== mkdocs build --strict"
+site_dir="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "${site_dir}"
+rc=$?
+rm -rf "${site_dir}"
+if [ "${rc}" -ne 0 ]; then
+  status=1
+fi
+summary+=("docs: exit ${rc}")
+
 for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=${backend}"
   extra=()

@@ -4,10 +4,10 @@ import pytest
 import tensorflow as tf
 
 from keras_isobn import export
+from keras_isobn.isotropy import isobn_reference_scale
 from keras_isobn.models import IsoBNBertTextClassifier
-from tests.models import tiny
-from tests.reference import numpy_isobn_scale
-from tests.models.tiny import to_numpy
+from tests.helpers import tiny_models as tiny
+from tests.helpers.tiny_models import to_numpy
 
 BACKEND = keras.config.backend()
 
@@ -33,7 +33,7 @@ def test_fold_normalization_into_the_logits_kernel(normalization):
     kernel = to_numpy(classifier.output_dense.kernel)
     bias = to_numpy(classifier.output_dense.bias)
     if normalization == "isobn":
-        scale = numpy_isobn_scale(
+        scale = isobn_reference_scale(
             to_numpy(layer.moving_covariance), to_numpy(layer.moving_std)
         )
         shift = np.zeros_like(scale)

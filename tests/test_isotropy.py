@@ -221,3 +221,27 @@ def test_optimal_logit_variance_share_rejects_bad_labels(rng):
         isotropy.optimal_logit_variance_share(x, np.zeros(20))
     with pytest.raises(ValueError, match="one entry per row"):
         isotropy.optimal_logit_variance_share(x, np.arange(10) % 2)
+
+
+def test_isobn_reference_scale_keeps_the_total_variance(rng):
+    x = rng.normal(size=(500, 6)) * np.logspace(0, 2, 6)
+    covariance = np.cov(x, rowvar=False, bias=True)
+    std = np.sqrt(np.diag(covariance))
+    scale = isotropy.isobn_reference_scale(covariance, std, epsilon=0.0)
+    assert scale.dtype == np.float64 and scale.shape == (6,)
+    np.testing.assert_allclose(
+        np.sum(np.diag(covariance) * scale**2), np.trace(covariance)
+    )
+    unit = isotropy.isobn_reference_scale(covariance, std, output_variance="unit")
+    np.testing.assert_allclose(
+        np.sum(np.diag(covariance) * unit**2), 6, rtol=1e-3
+    )
+
+
+def test_docstring_examples():
+    import doctest
+
+    import keras_isobn.isotropy
+
+    result = doctest.testmod(keras_isobn.isotropy)
+    assert result.attempted >= 2 and result.failed == 0

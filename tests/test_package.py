@@ -63,7 +63,7 @@ def test_import_loads_keras_and_numpy_only():
     assert "keras_hub" not in loaded["by_isobn"]
     assert ("tensorflow" in loaded["by_isobn"]) == (backend == "tensorflow")
     assert set(loaded["by_isobn"]) == set(loaded["by_keras"])
-    for lazy in ("models", "export", "glue", "plots", "resume", "distribution"):
+    for lazy in ("models", "export", "glue", "plots", "run_directory"):
         assert f"keras_isobn.{lazy}" not in loaded["submodules"], lazy
 
 
@@ -98,15 +98,16 @@ def test_submodules_are_attributes_after_a_plain_import():
         import json
         import keras_isobn
 
-        names = ["export", "distribution", "glue", "models", "resume",
-                 "optimizers", "plots", "isotropy", "callbacks", "layers"]
+        names = ["export", "distribution", "glue", "models", "batching",
+                 "files", "run_directory", "mixed_precision", "optimizers",
+                 "plots", "isotropy", "callbacks", "layers"]
         print(json.dumps({
             name: getattr(keras_isobn, name).__name__ for name in names
         }))
         """
     )
     assert found == {name: f"keras_isobn.{name}" for name in found}
-    assert len(found) == 10
+    assert len(found) == 13
 
 
 def test_unknown_attribute_raises_attribute_error():

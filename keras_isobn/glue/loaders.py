@@ -1,5 +1,6 @@
 """Reading a labelled GLUE split from TFDS or from the GLUE TSV files."""
 
+import codecs
 import csv
 import dataclasses
 import math
@@ -11,6 +12,11 @@ import numpy as np
 
 from keras_isobn.glue.tasks import GlueTask
 from keras_isobn.glue.tasks import get_task
+
+__all__ = ["GlueSplit", "load_split"]
+
+# STS-B rates the similarity of a pair from 0 to 5.
+_SCORE_RANGE = (0.0, 5.0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -103,9 +109,13 @@ def load_split(task, split, data_dir=None, tfds_data_dir=None):
     with a UTF-8 byte-order mark, fields are read with quoting off (RTE,
     MNLI and QNLI rows contain unbalanced quotes), STS-B scores are floats,
     and string labels (`"entailment"`, ...) map to the TFDS class ids.
-    Blank lines are skipped. A missing file, a row with a different number
-    of fields than the header, a missing column, a bad label or text that is
-    not UTF-8 raises an error naming the file and line.
+    Lines end with `\\n` or `\\r\\n`; blank lines are skipped. A file that
+    does not read exactly so raises a `ValueError` naming the file and, for
+    a faulty row, its line (1-based, as an editor counts): text that is not
+    UTF-8, a NUL or a lone carriage return, a missing column, a row with
+    another number of fields than the header (CoLA's: 4), a class label
+    that is not one of the task's, an STS-B score that is not a number from
+    0 to 5, or a file without examples.
 
     Without `data_dir`, the split comes from TFDS `glue/<task>`, which
     downloads and prepares GLUE on first use (internet needed) into
@@ -151,9 +161,11 @@ def _read_tfds(task, split, tfds_data_dir):
 
     def load(download):
         return tfds.load(
-            task.tfds_name, split=split, data_dir=tfds_data_dir,
+            task.tfds_name,
+            split=split,
+            data_dir=tfds_data_dir,
             download=download,
-        )  # fmt: skip
+        )
 
     try:
         try:
@@ -224,35 +236,40 @@ def _read_tsv(task, path):
 
 def _read_rows(task, path, reader):
     wanted = task.tsv_text_columns + (task.tsv_label_column,)
-    num_fields = None
     positions = wanted
     if task.tsv_has_header:
         header = next(reader, None)
-        missing = [name for name in wanted if name not in (header or [])]
+        if header is None:
+            raise ValueError(f"{path}: the file is empty.")
+        missing = [name for name in wanted if name not in header]
         if missing:
             raise ValueError(
-                f"{path}, line 1: the header {header} lacks the column(s) "
-                f"{missing} of GLUE task {task.name!r}. Is this the "
-                f"{task.tsv_folder} file of the GLUE data?"
+                f"{path}, line 1: the header {_shown(header)} lacks the "
+                f"column(s) {missing} of GLUE task {task.name!r}. Is this "
+                f"the {task.tsv_folder} file of the GLUE data?"
             )
-        num_fields = len(header)
         positions = [header.index(name) for name in wanted]
+        num_fields = len(header)
+    else:
+        # Without a header (CoLA), a row ends with the last column read.
+        num_fields = max(positions) + 1
     texts = [[] for _ in task.tsv_text_columns]
     labels = []
     for row in reader:
         where = f"{path}, line {reader.line_num}"
         if not row:
             continue
-        if num_fields is not None and len(row) != num_fields:
+        if len(row) < num_fields and not task.tsv_has_header:
             raise ValueError(
-                f"{where}: expected {num_fields} tab-separated fields like "
-                f"the header, found {len(row)}. The row is malformed (a "
-                "missing field, or a tab inside a text)."
+                f"{where}: expected at least {num_fields} tab-separated "
+                f"fields, found {len(row)}."
             )
-        if len(row) <= max(positions):
+        if len(row) != num_fields:
+            like = "like the header" if task.tsv_has_header else "per row"
             raise ValueError(
-                f"{where}: expected at least {max(positions) + 1} "
-                f"tab-separated fields, found {len(row)}."
+                f"{where}: expected {num_fields} tab-separated fields {like}, "
+                f"found {len(row)}. The row is malformed (a missing field, or "
+                "a tab inside a text)."
             )
         *row_texts, label = (row[position] for position in positions)
         for column, text in zip(texts, row_texts):
@@ -264,16 +281,39 @@ def _read_rows(task, path, reader):
 
 
 def _decoded_lines(file, path):
-    """Yields the lines of a binary UTF-8 file, without its BOM."""
+    """Yields the lines of a binary UTF-8 file, without its BOM.
+
+    Lines end with `\\n` or `\\r\\n`; line `N` is line `N` in an editor.
+    """
     for number, line in enumerate(file, start=1):
+        where = f"{path}, line {number}"
         try:
-            yield line.decode("utf-8-sig" if number == 1 else "utf-8")
+            text = line.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as error:
+            if number == 1 and line.startswith(
+                (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+            ):
+                raise ValueError(
+                    f"{where}: the text is not UTF-8 but UTF-16 (it starts "
+                    "with a UTF-16 byte-order mark). GLUE files are UTF-8."
+                ) from None
             raise ValueError(
-                f"{path}, line {number}: the text is not UTF-8 "
-                f"({error.reason} at byte {error.start} of the line). "
-                "GLUE files are UTF-8."
+                f"{where}: the text is not UTF-8 ({error.reason} at byte "
+                f"{error.start} of the line). GLUE files are UTF-8."
             ) from None
+        # The csv module would take a NUL as text and a lone CR as an error
+        # with a misleading hint; neither is in a GLUE file.
+        if "\x00" in text:
+            raise ValueError(
+                f"{where}: the line holds a NUL character, which no GLUE "
+                "file does. Is the file damaged, or UTF-16?"
+            )
+        if "\r" in text.rstrip("\r\n"):
+            raise ValueError(
+                f"{where}: a carriage return (\\r) inside the line. Lines "
+                "must end with \\n or \\r\\n."
+            )
+        yield text
 
 
 def _parse_label(task, value, where):
@@ -282,10 +322,11 @@ def _parse_label(task, value, where):
             score = float(value)
         except ValueError:
             score = math.nan
-        if not math.isfinite(score):
+        low, high = _SCORE_RANGE
+        if not low <= score <= high:
             raise ValueError(
-                f"{where}: the {task.name} score {value!r} is not a finite "
-                "number."
+                f"{where}: the {task.name} score {_shown(value)} is not a "
+                f"finite number from {low:g} to {high:g}."
             )
         return score
     if value in task.label_names:
@@ -297,7 +338,13 @@ def _parse_label(task, value, where):
     if 0 <= class_id < task.num_classes:
         return class_id
     raise ValueError(
-        f"{where}: the {task.name} label {value!r} is neither one of "
+        f"{where}: the {task.name} label {_shown(value)} is neither one of "
         f"{list(task.label_names)} nor a class id from 0 to "
         f"{task.num_classes - 1}."
     )
+
+
+def _shown(value, limit=80):
+    """`repr(value)`, cut to `limit` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,6 +6,8 @@ import numpy as np
 
 from keras_isobn.glue.tasks import get_task
 
+__all__ = ["compute_metrics", "metric_fn"]
+
 
 def compute_metrics(task, labels, predictions):
     """Computes a GLUE task's metrics on a whole evaluation split.
@@ -87,49 +89,28 @@ def compute_metrics(task, labels, predictions):
     return {name: float(metric_fns[name]()) for name in task.metric_names}
 
 
-def dev_set_metrics(
-    task,
-    splits,
-    inputs,
-    batch_size=32,
-    trim_padding=None,
-    ev_layer=None,
-    ev_k=None,
-):
-    """`WholeSetMetrics` callbacks for the dev splits of a task.
-
-    Each computes the task's metrics on one whole dev split at every epoch
-    end: the first split's as `val_<metric>` (e.g. `val_mcc`), the others'
-    (MNLI's mismatched split) as `val_mismatched_<metric>`. With `ev_k`,
-    the first also logs EV_k of the embeddings around `ev_layer`. In a
-    cluster of processes, every process computes them alike.
+def metric_fn(task):
+    """The metric function of a GLUE task, as `WholeSetMetrics` takes it.
 
     Args:
-        task: A `GlueTask` or a task name.
-        splits: The dev `GlueSplit`s, first the one to monitor.
-        inputs: The model inputs of each split (e.g. token ids).
-        batch_size: Integer, the prediction batch size. Defaults to `32`.
-        trim_padding: As `WholeSetMetrics`'s. Defaults to `None`.
-        ev_layer: As `WholeSetMetrics`'s. Defaults to `None`.
-        ev_k: `None` (the default) or an integer: EV_k of the first split.
+        task: String or `GlueTask`.
 
     Returns:
-        A list of `keras_isobn.callbacks.WholeSetMetrics`, one per split.
-    """
-    from keras_isobn.callbacks import WholeSetMetrics
+        A function `fn(labels, predictions)` returning
+        `compute_metrics(task, labels, predictions)`: a dict of metric name
+        to Python `float`.
 
-    task = get_task(task)
-    metric_fn = functools.partial(compute_metrics, task)
-    return [
-        WholeSetMetrics(
-            x,
-            split.labels,
-            metric_fn,
-            batch_size,
-            prefix="val_" if index == 0 else f"val_{split.split[11:]}_",
-            trim_padding=trim_padding,
-            ev_k=ev_k if index == 0 else None,
-            ev_layer=ev_layer,
-        )
-        for index, (split, x) in enumerate(zip(splits, inputs))
-    ]
+    Example:
+
+    >>> fn = metric_fn("mrpc")
+    >>> fn([1, 0, 1], [[0.1, 2.0], [1.0, 0.0], [3., 1.]])
+    {'f1': 0.6666666666666666, 'accuracy': 0.6666666666666666}
+
+    ```python
+    dev = keras_isobn.callbacks.WholeSetMetrics(
+        dev_inputs, dev_split.labels, glue.metric_fn("mrpc"), trim_padding=8
+    )
+    model.fit(..., callbacks=[dev])  # val_f1, val_accuracy
+    ```
+    """
+    return functools.partial(compute_metrics, get_task(task))

@@ -3,6 +3,8 @@
 import dataclasses
 import os
 
+__all__ = ["TASKS", "GlueTask", "get_task"]
+
 # The TSV file of each split, in the layout written by GLUE's
 # `download_glue_data.py`. Split names are those of TFDS `glue/<task>`.
 _TSV_FILES = {

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+__all__ = ["IsoBatchNormalization"]
+
 # The smallest normal float32: a std below it has an inverse that overflows.
 _TINY = 2.0**-126
 

@@ -12,12 +12,9 @@ classifier, so that Keras finds its registered class.
 from keras_isobn.models.albert_text_classifier import IsoBNAlbertTextClassifier
 from keras_isobn.models.bert_text_classifier import IsoBNBertTextClassifier
 from keras_isobn.models.builders import TEXT_CLASSIFIERS
-from keras_isobn.models.builders import dtype_policy_scope
 from keras_isobn.models.builders import small_bert_text_classifier
 from keras_isobn.models.builders import text_classifier_class
 from keras_isobn.models.builders import text_classifier_from_preset
-from keras_isobn.models.builders import tokenize
-from keras_isobn.models.builders import tokenize_splits
 from keras_isobn.models.deberta_v3_text_classifier import (
     IsoBNDebertaV3TextClassifier,
 )
@@ -33,13 +30,14 @@ from keras_isobn.models.roformer_v2_text_classifier import (
     IsoBNRoformerV2TextClassifier,
 )
 from keras_isobn.models.text_classifier import IsoBNTextClassifier
+from keras_isobn.tokenization import tokenize
+from keras_isobn.tokenization import tokenize_splits
 from keras_isobn.models.xlm_roberta_text_classifier import (
     IsoBNXLMRobertaTextClassifier,
 )
 
 __all__ = [
     "TEXT_CLASSIFIERS",
-    "dtype_policy_scope",
     "IsoBNAlbertTextClassifier",
     "IsoBNBertTextClassifier",
     "IsoBNDebertaV3TextClassifier",

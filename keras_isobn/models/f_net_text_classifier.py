@@ -6,6 +6,8 @@ import keras_hub
 from keras_isobn.models.pooled_normalization import get_pooled_normalization
 from keras_isobn.models.text_classifier import IsoBNTextClassifier
 
+__all__ = ["IsoBNFNetTextClassifier"]
+
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class IsoBNFNetTextClassifier(IsoBNTextClassifier):

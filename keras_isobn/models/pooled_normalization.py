@@ -4,6 +4,8 @@ import keras
 
 from keras_isobn.layers import IsoBatchNormalization
 
+__all__ = ["get_pooled_normalization"]
+
 LAYER_NAME = "pooled_normalization"
 
 # The keyword arguments of `get_pooled_normalization()` that configure the

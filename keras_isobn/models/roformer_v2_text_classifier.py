@@ -7,6 +7,8 @@ from keras_isobn.models.roberta_text_classifier import (
     IsoBNRobertaTextClassifier,
 )
 
+__all__ = ["IsoBNRoformerV2TextClassifier"]
+
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class IsoBNRoformerV2TextClassifier(IsoBNRobertaTextClassifier):

@@ -11,6 +11,8 @@ from keras_isobn.models.pooled_normalization import (
     serialize_pooled_normalization,
 )
 
+__all__ = ["IsoBNTextClassifier"]
+
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class IsoBNTextClassifier(keras_hub.models.TextClassifier):

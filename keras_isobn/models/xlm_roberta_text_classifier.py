@@ -7,6 +7,8 @@ from keras_isobn.models.roberta_text_classifier import (
     IsoBNRobertaTextClassifier,
 )
 
+__all__ = ["IsoBNXLMRobertaTextClassifier"]
+
 
 @keras.saving.register_keras_serializable(package="keras_isobn")
 class IsoBNXLMRobertaTextClassifier(IsoBNRobertaTextClassifier):

@@ -39,7 +39,6 @@ def test_quick_run_counts_every_optimizer(tmp_path):
         # Keras evaluates the schedule twice per step (update and weight
         # decay), about 17 operations each; not one update per variable.
         assert ours <= update["keras_adamw"]["top_level"] + 40
-        assert update["fine_tuning_adamw_before"]["top_level"] > 5 * ours
         if "hf_torch_adamw" in rows:
             assert rows["hf_torch_adamw"]["counts"]["total"]["top_level"] > 0
     elif BACKEND == "jax":

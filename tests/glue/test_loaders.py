@@ -292,6 +292,39 @@ def test_text_that_is_not_utf8_names_path_and_line(tmp_path):
     assert f"{path}, line 3" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "folder, data, line, expected",
+    [
+        ("CoLA", b"gj04\t1\t\tHe said\tno.\n", 1, "expected 4"),
+        ("SST-2", b"sentence\tlabel\ngood\x00\t1\n", 2, "NUL"),
+        ("SST-2", b"sentence\tlabel\ngo\rod\t1\n", 2, "carriage return"),
+        ("SST-2", "sentence\tlabel\n".encode("utf-16"), 1, "UTF-16"),
+        ("SST-2", "sentence\tlabel\n".encode("utf-16-le"), 1, "UTF-16"),
+        ("STS-B", b"sentence1\tsentence2\tscore\nA.\tB.\t1e39\n", 2, "0 to 5"),
+        ("STS-B", b"sentence1\tsentence2\tscore\nA.\tB.\t-1\n", 2, "0 to 5"),
+    ],
+)
+def test_damaged_file_names_path_and_line(
+    tmp_path, folder, data, line, expected
+):
+    task = {"CoLA": "cola", "SST-2": "sst2", "STS-B": "stsb"}[folder]
+    path = _write(os.path.join(tmp_path, folder, "train.tsv"), data)
+    with pytest.raises(ValueError, match=expected) as info:
+        load_split(task, "train", data_dir=tmp_path)
+    assert type(info.value) is ValueError
+    assert str(info.value).startswith(f"{path}, line {line}: ")
+
+
+def test_long_values_are_cut_short_in_messages(tmp_path):
+    _write(
+        os.path.join(tmp_path, "SST-2", "train.tsv"),
+        "sentence\tlabel\ngood\t" + "9" * 10_000 + "\n",
+    )
+    with pytest.raises(ValueError, match=r"'9999.*\.\.\. is neither") as info:
+        load_split("sst2", "train", data_dir=tmp_path)
+    assert len(str(info.value)) < 300
+
+
 def test_csv_error_names_path_and_line(tmp_path):
     # A field over the csv module's size limit (131072 characters).
     path = _write(
@@ -309,6 +342,7 @@ def test_file_without_examples_is_an_error(tmp_path, text):
     with pytest.raises(ValueError) as info:
         load_split("sst2", "train", data_dir=tmp_path)
     assert path in str(info.value)
+    assert "None" not in str(info.value)
 
 
 def test_unknown_task_and_split_errors():

@@ -138,3 +138,17 @@ def test_labels_must_be_a_non_empty_vector(labels):
 def test_unknown_task():
     with pytest.raises(ValueError, match="Unknown GLUE task"):
         compute_metrics("imdb", [0], np.zeros((1, 2)))
+
+
+def test_metric_fn_is_compute_metrics_for_its_task():
+    from keras_isobn.glue import metric_fn
+
+    labels, scores = [1, 0, 1, 1], _logits([1, 0, 0, 1])
+    for name in ("mrpc", TASKS["mrpc"]):
+        fn = metric_fn(name)
+        assert fn(labels, scores) == compute_metrics("mrpc", labels, scores)
+    regression = metric_fn("stsb")
+    assert sorted(regression([0.0, 1.0, 3.0], [0.1, 0.9, 3.2])) == [
+        "pearson",
+        "spearman",
+    ]

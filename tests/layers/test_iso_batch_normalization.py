@@ -7,8 +7,8 @@ from keras import ops
 from keras.src import testing
 
 from keras_isobn import IsoBatchNormalization
-from tests.reference import NumpyIsoBN
-from tests.reference import numpy_isobn_scale
+from keras_isobn.isotropy import isobn_reference_scale
+from tests.helpers.numpy_isobn import NumpyIsoBN
 
 
 def anisotropic_batches(rng, steps, batch=32, dim=16):
@@ -307,7 +307,7 @@ def test_masked_bias_corrected_training_skips_bad_batches_like_reference(
             reference.update(x[mask])
             steps += 1
         weight = 1.0 - (1.0 - momentum) ** steps
-        expected_scale = numpy_isobn_scale(
+        expected_scale = isobn_reference_scale(
             reference.covariance / weight,
             reference.std / weight,
             output_variance=output_variance,

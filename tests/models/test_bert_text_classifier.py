@@ -6,11 +6,11 @@ import pytest
 from keras import ops
 
 import keras_isobn
+from keras_isobn.isotropy import isobn_reference_scale
 from keras_isobn.models import IsoBNBertTextClassifier
 from keras_isobn.models import get_pooled_normalization
-from tests.models import tiny
-from tests.reference import numpy_isobn_scale
-from tests.models.tiny import to_numpy
+from tests.helpers import tiny_models as tiny
+from tests.helpers.tiny_models import to_numpy
 
 
 @pytest.mark.parametrize("normalization", ["isobn", "batchnorm", None])
@@ -40,7 +40,7 @@ def test_normalization_sits_between_pooled_output_and_logits(normalization):
         np.testing.assert_allclose(
             std, 0.05 * np.sqrt(np.mean(centred**2, axis=0)), atol=1e-6
         )
-        features = pooled * numpy_isobn_scale(covariance, std)
+        features = pooled * isobn_reference_scale(covariance, std)
     elif normalization == "batchnorm":
         layer = classifier.normalization
         assert isinstance(layer, keras.layers.BatchNormalization)

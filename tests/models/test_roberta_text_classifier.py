@@ -1,7 +1,7 @@
 import copy
 
 from keras_isobn.models import IsoBNRobertaTextClassifier
-from tests.models import tiny
+from tests.helpers import tiny_models as tiny
 
 
 def test_defaults_and_config_round_trip():

@@ -5,8 +5,8 @@ import pytest
 import keras_isobn
 from keras_isobn.models import IsoBNBertTextClassifier
 from keras_isobn.models import IsoBNRobertaTextClassifier
-from tests.models import tiny
-from tests.models.tiny import to_numpy
+from tests.helpers import tiny_models as tiny
+from tests.helpers.tiny_models import to_numpy
 
 CLASSIFIERS = {
     "bert": (

@@ -21,9 +21,9 @@ import keras_isobn
 from keras_isobn import distribution
 from keras_isobn import export
 from keras_isobn import models
-from tests.models import tiny
-from tests.models.tiny import to_numpy
-from tests.reference import numpy_isobn_scale
+from keras_isobn.isotropy import isobn_reference_scale
+from tests.helpers import tiny_models as tiny
+from tests.helpers.tiny_models import to_numpy
 
 BACKEND = keras.config.backend()
 FAMILIES = sorted(tiny.FAMILIES)
@@ -186,7 +186,7 @@ def test_isobn_sits_right_before_the_dropout_and_logits(name):
     np.testing.assert_allclose(
         covariance, 0.05 * centred.T @ centred / len(features), atol=1e-6
     )
-    scale = numpy_isobn_scale(
+    scale = isobn_reference_scale(
         covariance, to_numpy(layer.moving_std), degenerate_limit=True
     )
     kernel = to_numpy(classifier.output_dense.kernel)

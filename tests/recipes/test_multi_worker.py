@@ -20,35 +20,46 @@ from keras_isobn import launch
 from tests.recipes.test_resume_after_kill import comparable
 from tests.recipes.test_resume_after_kill import weights
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "kill_worker.py")
-RECIPE = os.path.join(HERE, "..", "..", "recipes", "glue.py")
+from recipes import glue as recipe
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+WORKER = ["-m", "tests.helpers.kill_worker"]  # Run from the repository root.
+RECIPE = os.path.join(REPO_ROOT, "recipes", "glue.py")
 # 2 epochs of 4 global batches of 16 (4 rows per device), on the built-in
 # BERT; every process runs this same command.
 ARGS = [
-    "--task", "sst2", "--norm", "isobn", "--epochs", "2",
-    "--train-limit", "64", "--batch-size", "16", "--max-sequence-length", "24",
-    "--verbose", "0",
-]  # fmt: skip
+    *("--task", "sst2", "--norm", "isobn", "--epochs", "2"),
+    *("--train-limit", "64", "--batch-size", "16"),
+    *("--max-sequence-length", "24", "--verbose", "0"),
+]
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 SEED_DIR = os.path.join("sst2", "isobn", "seed-1")
 JAX = keras.backend.backend() == "jax"
 
 
 def start(output_dir, kill_points=("none", "none"), audit=None, report=False):
-    """Starts the 2 processes, each `kill_worker.py POINT ARGS...`."""
+    """Starts the 2 processes, each `kill_worker POINT ARGS...`."""
     processes = []
     for rank, env in enumerate(launch.environments(2, devices=2, base=ENV)):
         if audit:
             env["AUDIT_WRITES"] = f"{audit}.{rank}.json"
         processes.append(
             subprocess.Popen(
-                [sys.executable, WORKER, kill_points[rank], *ARGS,
-                 "--output-dir", str(output_dir)]
+                [
+                    sys.executable,
+                    *WORKER,
+                    kill_points[rank],
+                    *ARGS,
+                    "--output-dir",
+                    str(output_dir),
+                ]
                 + ([] if report else ["--no-report"]),
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-            )  # fmt: skip
+            )
         )
     return processes
 
@@ -89,8 +100,11 @@ def test_two_processes_match_one_process(cluster_run, tmp_path):
     output_dir, outputs, audits = cluster_run
     done = subprocess.run(
         [sys.executable, RECIPE, *ARGS, "--output-dir", str(tmp_path)],
-        env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     with open(output_dir / SEED_DIR / "results.json") as file:
         cluster = json.load(file)
@@ -116,9 +130,11 @@ def test_two_processes_match_one_process(cluster_run, tmp_path):
     predictions = np.load(output_dir / SEED_DIR / "dev_predictions.npz")
     expected = np.load(tmp_path / SEED_DIR / "dev_predictions.npz")
     np.testing.assert_allclose(
-        predictions["validation"], expected["validation"], rtol=1e-4,
+        predictions["validation"],
+        expected["validation"],
+        rtol=1e-4,
         atol=1e-5,
-    )  # fmt: skip
+    )
     # The chief wrote the files a single process writes, the other none.
     assert tree(output_dir) == tree(tmp_path)
     assert any("results.json" in write for write in audits[0])
@@ -177,15 +193,30 @@ def test_launcher_runs_the_command_in_every_process(tmp_path):
         "      os.environ['XLA_FLAGS'])\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "keras_isobn.launch", "--processes", "2",
-         "--devices", "3", "--", sys.executable, "-c", code],
-        env=ENV, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "keras_isobn.launch",
+            "--processes",
+            "2",
+            "--devices",
+            "3",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     lines = sorted(done.stdout.splitlines())
     assert [line.split()[:3] for line in lines] == [
-        ["[0]", "0", "2"], ["[1]", "1", "2"]
-    ]  # fmt: skip
+        ["[0]", "0", "2"],
+        ["[1]", "1", "2"],
+    ]
     assert lines[0].split()[3] == lines[1].split()[3]  # One coordinator.
     assert lines[0].split()[3].startswith("127.0.0.1:")
     assert "--xla_force_host_platform_device_count=3" in lines[0]
@@ -196,22 +227,35 @@ def test_launcher_runs_the_command_in_every_process(tmp_path):
     )
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "keras_isobn.launch", "--processes", "2",
-         "--", sys.executable, "-c", failing],
-        env=ENV, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "keras_isobn.launch",
+            "--processes",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            failing,
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 3
     assert time.monotonic() - started < 30
 
 
 def test_multi_worker_outside_jax_or_a_cluster_is_refused(tmp_path, capsys):
-    sys.path.insert(0, os.path.dirname(RECIPE))
-    import glue as glue_recipe
-
-    argv = ARGS + ["--distribution", "multi_worker", "--output-dir",
-                   str(tmp_path)]  # fmt: skip
+    argv = ARGS + [
+        "--distribution",
+        "multi_worker",
+        "--output-dir",
+        str(tmp_path),
+    ]
     with pytest.raises(SystemExit):
-        glue_recipe.parse_args(argv)
+        recipe.main(argv)
     err = capsys.readouterr().err
     backend = keras.backend.backend()
     if backend == "tensorflow":

@@ -10,13 +10,17 @@ import h5py
 import numpy as np
 import pytest
 
-WORKER = os.path.join(os.path.dirname(__file__), "kill_worker.py")
+from keras_isobn import files
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+WORKER = ["-m", "tests.helpers.kill_worker"]  # Run from the repository root.
 # 3 epochs of 4 batches of the shipped SST-2 sample, on the built-in BERT.
 ARGS = [
-    "--task", "sst2", "--norm", "isobn", "--epochs", "3",
-    "--train-limit", "64", "--batch-size", "16", "--max-sequence-length", "24",
-    "--verbose", "0", "--no-report",
-]  # fmt: skip
+    *("--task", "sst2", "--norm", "isobn", "--epochs", "3"),
+    *("--train-limit", "64", "--batch-size", "16"),
+    *("--max-sequence-length", "24", "--verbose", "0"),
+    "--no-report",
+]
 # Killed in turn: mid-epoch 2, while saving the state of epoch 2, in the
 # evaluation of epoch 3, while writing best.keras, then results.json.
 KILL_POINTS = [
@@ -30,7 +34,15 @@ KILL_POINTS = [
 
 def recipe(kill_point, output_dir):
     return subprocess.run(
-        [sys.executable, WORKER, kill_point, *ARGS, "--output-dir", output_dir],
+        [
+            sys.executable,
+            *WORKER,
+            kill_point,
+            *ARGS,
+            "--output-dir",
+            output_dir,
+        ],
+        cwd=REPO_ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
         text=True,
@@ -52,9 +64,12 @@ def weights(keras_file):
     with zipfile.ZipFile(keras_file) as archive:
         with archive.open("model.weights.h5") as file, h5py.File(file) as h5:
             h5.visititems(
-                lambda name, item: arrays.__setitem__(name, item[()])
-                if isinstance(item, h5py.Dataset) else None
-            )  # fmt: skip
+                lambda name, item: (
+                    arrays.__setitem__(name, item[()])
+                    if isinstance(item, h5py.Dataset)
+                    else None
+                )
+            )
     return arrays
 
 
@@ -107,7 +122,8 @@ def test_best_model_loads_compiled_without_the_recipe(uninterrupted):
         "import sys, keras, numpy as np\n"
         "import keras_isobn.models\n"
         "model = keras.saving.load_model(sys.argv[1])\n"
-        "assert 'glue' not in sys.modules  # The recipe was never imported.\n"
+        "assert 'recipes.glue' not in sys.modules  # The recipe never ran.\n"
+        "assert 'glue' not in sys.modules\n"
         "schedule = model.optimizer.get_config()['learning_rate']\n"
         "print(type(model).__name__, schedule['class_name'],\n"
         "      int(model.optimizer.iterations.numpy()),\n"
@@ -128,9 +144,7 @@ def test_best_model_loads_compiled_without_the_recipe(uninterrupted):
 
 
 def test_a_second_run_on_the_same_output_dir_fails_at_once(tmp_path):
-    from keras_isobn import resume
-
-    with resume.exclusive(str(tmp_path)):
+    with files.exclusive(str(tmp_path)):
         done = recipe("none", str(tmp_path))
     assert done.returncode == 1
     assert "another process is using" in done.stderr.lower()

@@ -2,6 +2,8 @@
 
 import os
 
+__all__ = ["sample_data_dir", "sample_vocabulary_path"]
+
 
 def sample_data_dir():
     """Returns the path of the sample GLUE data directory.

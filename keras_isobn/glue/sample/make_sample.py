@@ -31,6 +31,8 @@ import os
 import random
 import re
 
+__all__ = ["write_sample"]
+
 NUM_TRAIN = 480
 NUM_DEV = 120
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -1,0 +1,350 @@
+"""Pretraining of the lab's encoder: a small BERT, masked LM, fixed seeds.
+
+A WordPiece vocabulary is computed on the unlabelled sentences of the
+*training* splits of CoLA, SST-2, MRPC and STS-B (both sentences of a pair,
+packed as BERT packs a pair; no dev or test sentence), then a
+`keras_hub.models.BertBackbone` is trained with `BertMaskedLM` on
+`BertMaskedLMPreprocessor`'s usual 15% masking (no next-sentence
+prediction). The masks of every epoch are drawn with NumPy from `--seed`,
+so the same command gives the same weights. `pretrain` writes a KerasHub
+preset (`save_to_preset`: backbone and tokenizer) that `python
+recipes/glue.py --preset <dir>` fine-tunes like any other, and
+`pretraining.csv`, the curve of the masked-LM loss and masked-token
+accuracy on the training batches and on held-out sentences (dev sentences,
+masked once, never trained on).
+"""
+
+import csv
+import os
+import time
+
+import keras
+import numpy as np
+
+from benchmarks import harness
+from keras_isobn import glue
+from keras_isobn import models
+
+__all__ = [
+    "CORPUS_TASKS",
+    "RESERVED_TOKENS",
+    "read_corpus",
+    "word_piece_vocabulary",
+    "pack_corpus",
+    "mask_tokens",
+    "length_batches",
+    "masked_language_model",
+    "train",
+    "pretrain",
+]
+
+CORPUS_TASKS = ("cola", "sst2", "mrpc", "stsb")
+RESERVED_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def read_corpus(glue_dir, split="train", tasks=CORPUS_TASKS):
+    """Sentences of GLUE-format TSV files: `(singles, pairs)`.
+
+    Args:
+        glue_dir: Folder with `CoLA/`, `SST-2/`, `MRPC/`, `STS-B/`.
+        split: `"train"` for the pretraining corpus, `"validation"` for held-out
+            sentences.
+        tasks: GLUE task names to read.
+
+    Returns:
+        A list of sentences (single-sentence tasks) and a tuple
+        `(first, second)` of equally long lists (sentence-pair tasks).
+    """
+    singles, first, second = [], [], []
+    for name in tasks:
+        data = glue.load_split(glue.get_task(name), split, data_dir=glue_dir)
+        if isinstance(data.features, tuple):
+            first += list(data.features[0])
+            second += list(data.features[1])
+        else:
+            singles += list(data.features)
+    return singles, (first, second)
+
+
+def word_piece_vocabulary(singles, pairs, size):
+    """A lowercase WordPiece vocabulary of the corpus (KerasHub's trainer)."""
+    import tensorflow as tf
+
+    from keras_hub.tokenizers import compute_word_piece_vocabulary
+
+    text = tf.data.Dataset.from_tensor_slices(singles + pairs[0] + pairs[1])
+    return compute_word_piece_vocabulary(
+        text.batch(1000),
+        size,
+        lowercase=True,
+        strip_accents=True,
+        reserved_tokens=RESERVED_TOKENS,
+    )
+
+
+def pack_corpus(preprocessor, singles, pairs):
+    """Token ids of the corpus, packed by KerasHub's BERT preprocessing.
+
+    A pair is packed as `[CLS] a [SEP] b [SEP]` with segment ids, as BERT
+    packs one.
+
+    Returns:
+        A dict of int32 NumPy arrays `"token_ids"`, `"segment_ids"`,
+        `"padding_mask"`, one row per sentence or pair.
+    """
+    import keras_hub
+
+    packer = keras_hub.models.BertTextClassifierPreprocessor(
+        preprocessor.tokenizer, sequence_length=preprocessor.sequence_length
+    )
+    parts = [models.tokenize(packer, np.asarray(singles))] if singles else []
+    if pairs[0]:
+        pair = (np.asarray(pairs[0]), np.asarray(pairs[1]))
+        parts.append(models.tokenize(packer, pair))
+    keys = ("token_ids", "segment_ids", "padding_mask")
+    return {
+        key: np.concatenate([part[key] for part in parts]).astype("int32")
+        for key in keys
+    }
+
+
+def mask_tokens(tokens, preprocessor, rng):
+    """BERT's masking of packed token ids, drawn from a NumPy generator.
+
+    `BertMaskedLMPreprocessor`'s own masking draws from TensorFlow's
+    unseeded random ops (two runs differ), so its settings are applied here
+    instead: of the non-special tokens of each row, `round(15%)` (at least
+    one, at most `mask_selection_length`) are selected, as in BERT's
+    `create_pretraining_data.py`; of those 80% become `[MASK]`, 10% a random
+    token and 10% stay.
+
+    Returns:
+        `(x, y, sample_weight)`: `x` with the masked `"token_ids"` and the
+        `"mask_positions"`, `y` the original ids there, `sample_weight` 1
+        for a selected position and 0 for padding of the selections.
+    """
+    tokenizer = preprocessor.tokenizer
+    ids = tokens["token_ids"]
+    rows, length = ids.shape
+    selections = preprocessor.mask_selection_length
+    special = np.isin(ids, tokenizer.special_token_ids)
+    # Random keys, special tokens last; each row's smallest keys are chosen.
+    keys = np.where(special, np.inf, rng.random(ids.shape))
+    ordinary = (~special).sum(axis=1)
+    count = np.clip(
+        np.round(ordinary * preprocessor.mask_selection_rate), 1, selections
+    )
+    chosen = np.argsort(keys, axis=1, kind="stable")[:, :selections]
+    chosen = np.where(np.arange(selections) < count[:, None], chosen, length)
+    positions = np.sort(chosen, axis=1)
+    weights = (positions < length).astype("float32")
+    positions = np.where(positions < length, positions, 0).astype("int32")
+    labels = np.take_along_axis(ids, positions, axis=1) * (weights > 0)
+    draw = rng.random(positions.shape)
+    random_ids = rng.integers(
+        len(RESERVED_TOKENS), tokenizer.vocabulary_size(), positions.shape
+    )
+    mask_rate = preprocessor.mask_token_rate
+    random_rate = mask_rate + preprocessor.random_token_rate
+    kept_or_random = np.where(draw < random_rate, random_ids, labels)
+    new = np.where(
+        draw < mask_rate, tokenizer.token_to_id("[MASK]"), kept_or_random
+    )
+    masked = ids.copy()
+    row, column = np.nonzero(weights)
+    masked[row, positions[row, column]] = new[row, column]
+    x = {**tokens, "token_ids": masked, "mask_positions": positions}
+    return x, labels.astype("int32"), weights
+
+
+def length_batches(x, y, sample_weight, batch_size, rng, multiple=16):
+    """Batches of rows of similar length, cut to it, in a random order.
+
+    Rows are grouped by their length rounded up to `multiple` (most of the
+    corpus is short SST-2 phrases: cutting the padding makes a step 2-3x
+    cheaper), shuffled within each group, cut into full batches (the rest
+    of a group is left out of this epoch), and the batches shuffled.
+
+    Yields:
+        `(x, y, sample_weight)` of one batch.
+    """
+    lengths = -(-x["padding_mask"].sum(axis=1) // multiple) * multiple
+    batches = []
+    for length in np.unique(lengths):
+        rows = rng.permutation(np.flatnonzero(lengths == length))
+        for start in range(0, len(rows) - batch_size + 1, batch_size):
+            batches.append((rows[start : start + batch_size], length))
+    order = rng.permutation(len(batches))
+    for index in order:
+        rows, length = batches[index]
+        cut = {
+            k: v[rows] if k == "mask_positions" else v[rows, :length]
+            for k, v in x.items()
+        }
+        yield cut, y[rows], sample_weight[rows]
+
+
+def masked_language_model(args, tokenizer):
+    """The lab's `BertMaskedLM`, compiled: AdamW, warmup, loss per token."""
+    import keras_hub
+
+    from keras_isobn.optimizers import fine_tuning_adamw
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=args.layers,
+        num_heads=args.heads,
+        hidden_dim=args.width,
+        intermediate_dim=4 * args.width,
+        max_sequence_length=args.sequence_length,
+    )
+    masked_lm = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+    optimizer = fine_tuning_adamw(
+        args.learning_rate,
+        total_steps=args.steps,
+        warmup_ratio=0.06,
+        weight_decay=0.01,
+        epsilon=1e-6,
+    )
+    masked_lm.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        ),  # Per masked token.
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy("accuracy")],
+    )
+    return masked_lm
+
+
+def train(masked_lm, tokens, held_out, preprocessor, rng, args, start):
+    """`args.steps` steps, freshly masked each epoch; the learning curve.
+
+    Returns:
+        `(curve, epochs_started)`: one dict per `args.log_every` steps (mean
+        training loss and accuracy since the last, held-out ones, elapsed
+        seconds since `start`).
+    """
+    curve, logs, step, epoch = [], [], 0, 0
+    while step < args.steps:
+        x, y, weights = mask_tokens(tokens, preprocessor, rng)
+        for batch in length_batches(x, y, weights, args.batch_size, rng):
+            logs.append(
+                masked_lm.train_on_batch(
+                    batch[0], batch[1], sample_weight=batch[2], return_dict=True
+                )
+            )
+            step += 1
+            if step % args.log_every and step < args.steps:
+                continue
+            held = masked_lm.evaluate(
+                *held_out[:2],
+                sample_weight=held_out[2],
+                batch_size=256,
+                verbose=0,
+                return_dict=True,
+            )
+            curve.append(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "train_loss": np.mean([log["loss"] for log in logs]),
+                    "train_accuracy": np.mean(
+                        [log["accuracy"] for log in logs]
+                    ),
+                    "held_out_loss": held["loss"],
+                    "held_out_accuracy": held["accuracy"],
+                    "elapsed_s": time.time() - start,
+                }
+            )
+            logs = []
+            values = ", ".join(f"{k} {v:.4g}" for k, v in curve[-1].items())
+            print(f"[lab] {values}", flush=True)
+            if step == args.steps:
+                break
+        epoch += 1
+    return curve, epoch + 1
+
+
+def pretrain(args):
+    """Builds the vocabulary, pretrains the masked LM, writes the preset.
+
+    Args:
+        args: The parsed `pretrain` command line (see `command_line.py`).
+
+    Returns:
+        The summary written to `pretraining.json` in `args.output`.
+    """
+    import keras_hub
+
+    start = time.time()
+    os.makedirs(args.output, exist_ok=True)
+    singles, pairs = read_corpus(args.glue_dir, "train", args.corpus)
+    print(
+        f"[lab] corpus: {len(singles)} sentences, {len(pairs[0])} pairs "
+        f"(train splits of {', '.join(args.corpus)})",
+        flush=True,
+    )
+    keras.utils.set_random_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    vocabulary = word_piece_vocabulary(singles, pairs, args.vocabulary_size)
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
+    preprocessor = keras_hub.models.BertMaskedLMPreprocessor(
+        tokenizer,
+        sequence_length=args.sequence_length,
+        mask_selection_rate=0.15,
+        mask_selection_length=args.mask_length,
+    )
+    tokens = pack_corpus(preprocessor, singles, pairs)
+    held_singles, held_pairs = read_corpus(
+        args.glue_dir, "validation", args.corpus
+    )
+    held_tokens = pack_corpus(
+        preprocessor,
+        held_singles[: args.held_out],
+        [pair[: args.held_out // 4] for pair in held_pairs],
+    )
+    held_out = mask_tokens(
+        held_tokens, preprocessor, np.random.default_rng(args.seed + 1)
+    )
+    print(
+        f"[lab] vocabulary {tokenizer.vocabulary_size()} tokens; "
+        f"{args.steps} steps of {args.batch_size} "
+        f"({time.time() - start:.0f} s so far)",
+        flush=True,
+    )
+
+    masked_lm = masked_language_model(args, tokenizer)
+    curve, epochs = train(
+        masked_lm, tokens, held_out, preprocessor, rng, args, start
+    )
+    masked_lm.backbone.save_to_preset(args.output)
+    tokenizer.save_to_preset(args.output)
+    with open(os.path.join(args.output, "pretraining.csv"), "w") as file:
+        writer = csv.DictWriter(file, fieldnames=list(curve[0]))
+        writer.writeheader()
+        writer.writerows(curve)
+    skipped = ("command", "glue_dir", "output")
+    summary = {
+        "corpus": {
+            "sentences": len(singles),
+            "pairs": len(pairs[0]),
+            "tasks": list(args.corpus),
+            "split": "train",
+            "tokens": int(tokens["padding_mask"].sum()),
+        },
+        "held_out": {"rows": len(held_out[1]), "split": "validation"},
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        "settings": {k: v for k, v in vars(args).items() if k not in skipped},
+        "parameters": masked_lm.backbone.count_params(),
+        "epochs_started": epochs,
+        "final": curve[-1],
+        "wall_time_s": time.time() - start,
+        "environment": harness.environment(),
+    }
+    harness.write_json(os.path.join(args.output, "pretraining.json"), summary)
+    print(
+        f"[lab] wrote the preset {args.output} "
+        f"({summary['wall_time_s'] / 60:.1f} min)",
+        flush=True,
+    )
+    return summary

@@ -1,0 +1,86 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+
+from keras_isobn import runtime
+
+REPO_ROOT = os.path.dirname(os.path.dirname(__file__))
+
+
+def _run(code, **env):
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT,
+        env={
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if k != "TF_CPP_MIN_LOG_LEVEL"
+            },
+            "KERAS_BACKEND": keras.config.backend(),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "WARNING: All log messages before absl::InitializeLog() is called "
+        "are written to STDERR",
+        "I0000 00:00:1.0 1 port.cc:153] oneDNN custom operations are on.",
+        "I0000 00:00:1.0 1 cudart_stub.cc:31] Could not find cuda drivers on "
+        "your machine, GPU will not be used.",
+        "E0000 00:00:1.0 1 cuda_platform.cc:52] failed call to cuInit: "
+        "INTERNAL: CUDA error",
+    ],
+)
+def test_startup_lines_are_known(line):
+    assert runtime.STARTUP_LINES.search(line)
+
+
+def test_tensorflow_imports_quietly_and_other_lines_stay():
+    # A script that imports keras_isobn first: TensorFlow's start-up lines
+    # go, a line written to standard error during its import stays.
+    done = _run("""
+        import sys
+        import keras_isobn
+        print("before", file=sys.stderr, flush=True)
+        import tensorflow as tf
+        print(len(tf.config.list_physical_devices("CPU")), flush=True)
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "1"
+    assert done.stderr == "before\n"
+
+
+def test_heavy_imports_run_with_the_collector_paused_then_frozen():
+    done = _run("""
+        import gc
+        import sys
+
+        import keras_isobn
+
+        during = []
+        gc.callbacks.append(
+            lambda phase, info: during.append(1)
+            if phase == "start" and "keras_hub" in sys.modules
+            and sys.modules["keras_hub"].__spec__._initializing
+            else None
+        )
+        import keras_hub
+        print(len(during), gc.get_freeze_count() > 0, gc.isenabled())
+        print(type(keras_hub.__loader__).__name__)
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts, loader = done.stdout.strip().splitlines()
+    assert counts == "0 True True"
+    assert loader != "_StartupLoader"  # An ordinary module once loaded.
+    assert done.stderr == ""
