@@ -161,28 +161,28 @@ def summary_rows(parts):
                 "examples/s)")
         throughput = sections.get("throughput", {})
         if "fit" in throughput:
-            r = {k: v["fit_blocks"] for k, v in throughput["ratios"].items()}
-            steps = throughput["ratios"]["isobn_over_none"]["train_on_batch"]
+            ratios = throughput["ratios"]
+            r = {k: v["fit_blocks"] for k, v in ratios.items()}
+            rates = [throughput["fit"][n]["examples_per_s"]
+                     for n in ("isobn", "none", "batchnorm", "none_keras_adamw")]
             rows.append(
                 f"{part}: train examples/s IsoBN / none / BN / none+keras "
-                "AdamW: " + " / ".join(
-                    f"{throughput['fit'][n]['examples_per_s']:.0f}"
-                    for n in ("isobn", "none", "batchnorm",
-                              "none_keras_adamw"))
+                "AdamW: " + " / ".join(f"{x:.0f}" for x in rates)
                 + f"; IsoBN/none {r['isobn_over_none']:.3f} (steps "
-                f"{steps['median']:.3f}), BN/none "
-                f"{r['batchnorm_over_none']:.3f}, fine_tuning_adamw/AdamW "
+                f"{ratios['isobn_over_none']['train_on_batch']['median']:.3f}"
+                f"), BN/none {r['batchnorm_over_none']:.3f}, "
+                "fine_tuning_adamw/AdamW "
                 f"{r['fine_tuning_adamw_over_keras_adamw']:.3f}")
             rows.append(f"{part}: IsoBN with frozen statistics / none: "
                         f"{r['isobn_frozen_over_none']:.3f} in fit blocks")
-            compiled = throughput["ratios"]["isobn_over_none"]
-            if "compiled_step_blocks" in compiled:
+            if "compiled_step_blocks" in throughput:
+                compiled = [ratios[k]["compiled_step_blocks"] for k in (
+                    "isobn_over_none", "isobn_frozen_over_none",
+                    "batchnorm_over_none")]
                 rows.append(
                     f"{part}: compiled train steps alone (no fit loop): "
-                    "IsoBN / frozen IsoBN / BN over none " + " / ".join(
-                        f"{throughput['ratios'][k]['compiled_step_blocks']:.3f}"
-                        for k in ("isobn_over_none", "isobn_frozen_over_none",
-                                  "batchnorm_over_none")))
+                    "IsoBN / frozen IsoBN / BN over none "
+                    + " / ".join(f"{x:.3f}" for x in compiled))
         bf16 = sections.get("bfloat16", {})
         if "checks" in bf16:
             rows.append(

@@ -22,20 +22,16 @@ def command(module, options, backends=BACKENDS, threads=0, output=True,
     """The argument parser of a benchmark: its options and the shared ones.
 
     Args:
-        module: The benchmark's module, e.g. `benchmarks.layer_cost`; its
-            docstring's first paragraph describes the command.
+        module: The benchmark's module name; its docstring's first
+            paragraph describes the command.
         options: Dict of option name (`"batch_size"` for `--batch-size`)
             to `(default, help)` or `(default, help, choices)`: the type
             and arity follow the default (a list takes several values,
-            `False` is a flag); `None` defaults take strings.
+            `False` is a flag, `None` a string).
         backends: The backends `--backend` may name (`()`: no option).
         threads: Default of `--threads` (`None`: no such option).
         output: Whether to add `--output`.
         quick: Whether to add `--quick`.
-
-    Returns:
-        An `argparse.ArgumentParser` with `--backend`, `--output`,
-        `--threads` and `--quick` besides `options`.
     """
     doc = sys.modules[module].__doc__ or ""
     parser = argparse.ArgumentParser(
@@ -83,22 +79,10 @@ def add_options(parser, options):
 def run(module, argv, parser, measure, quick=None, backends=BACKENDS):
     """Parses `argv` and runs `measure(args)` on each selected backend.
 
-    The backend Keras already loaded runs in this process (unless
-    `--threads` asks for a cap this process was not started with); each
-    other one in `python -m module ... --backend NAME`, its backend and
-    thread cap set before Keras starts.
-
-    Args:
-        module: The benchmark's module name.
-        argv: Its argument list (`None`: `sys.argv[1:]`).
-        parser: Its parser (see `command`).
-        measure: Function of the parsed arguments that measures on the
-            loaded backend and returns the path of the JSON it wrote.
-        quick: Dict of argument values that `--quick` sets.
-        backends: The backends it runs on.
-
-    Returns:
-        The list of JSON paths written, one per backend.
+    The loaded backend runs in this process (unless `--threads` asks for a
+    cap this process was not started with); each other one in `python -m
+    module ... --backend NAME`. `measure` returns the path of the JSON it
+    wrote; `quick` holds the values `--quick` sets. Returns the paths.
     """
     import keras
 

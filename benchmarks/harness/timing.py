@@ -38,10 +38,10 @@ def rate(times, steps, batch):
 def alternate(functions, rounds, warmup=1, max_rounds=None):
     """Calls several functions in turn and times every call.
 
-    Each function is first called `warmup` times, untimed but for the
-    first call (compilation). Then come `rounds` rounds of one call of
-    each, in an order rotated by one each round, so that a change of load
-    on a shared machine hits all of them alike.
+    After `warmup` untimed calls each (the first one's seconds kept as
+    `compile_s`), `rounds` rounds of one call of each, in an order rotated
+    by one each round, so that a change of load on a shared machine hits
+    all alike.
 
     Args:
         functions: Dict of name to a function of the call's index that
@@ -51,9 +51,7 @@ def alternate(functions, rounds, warmup=1, max_rounds=None):
         max_rounds: Optional dict of name to fewer timed calls.
 
     Returns:
-        Dict of name to `{"times", "outputs", "compile_s"}`: the seconds
-        of each timed call, what they returned, and the first warm-up
-        call's seconds (`None` without warm-up).
+        Dict of name to `{"times", "outputs", "compile_s"}`.
     """
     names, limits = list(functions), max_rounds or {}
     timed = {name: {"times": [], "outputs": [], "compile_s": None}
