@@ -14,7 +14,7 @@ Each line of output is prefixed with the process's rank. As soon as a
 process fails, the launcher stops the others (SIGKILL) and exits with its
 status (`128 + n` for a process killed by signal `n`; 124 after
 `--timeout`); with 0 when all succeed. On several hosts, a cluster manager
-(or a shell on each host) sets the variables instead; see the README.
+(or a shell on each host) sets the variables instead; see docs/guides/distribution.md.
 """
 
 import argparse
