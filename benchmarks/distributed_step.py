@@ -64,7 +64,6 @@ OPTIONS = {
     "rounds": (3, "Timed epochs per head."),
     "warmup": (5, "Untimed steps first (--processes)."),
     "processes": (False, "Compare 2 processes with 1 instead (JAX)."),
-    "markdown": (None, "Only rewrite the Markdown of this JSON file."),
     "child_output": (None, argparse.SUPPRESS),
     "worker": (None, argparse.SUPPRESS),
 }
@@ -188,7 +187,7 @@ def run_child(backend, devices, args):
     return result
 
 
-def markdown(payload):
+def markdown(payload, path=None):
     """The results as a Markdown table, with the overheads."""
     s = payload["settings"]
     rows = []
@@ -244,13 +243,6 @@ def main(argv=None):
         if "--steps" not in given and not args.quick:
             args.steps = 30
         return compare_processes(args)
-    if args.markdown:
-        with open(args.markdown) as f:
-            payload = json.load(f)
-        path = os.path.splitext(args.markdown)[0] + ".md"
-        with open(path, "w") as f:
-            f.write(markdown(payload))
-        return path
     runs = [run_child(backend, devices, args)
             for backend in harness.selected_backends(args, BACKENDS)
             for devices in args.devices]
@@ -410,7 +402,7 @@ def compare_processes(args):
     return path
 
 
-def processes_markdown(payload):
+def processes_markdown(payload, path=None):
     results, summary = payload["results"], payload["summary"]
     rows = []
     for name, row in results.items():

@@ -292,7 +292,172 @@ def measure(args):
         threads=args.threads, compiled="eager"
         if backend == "torch" or args.eager else "jit_compile=True",
     )
-    return harness.write_results(args, "end_to_end", settings, results)
+    return harness.write_results(args, "end_to_end", settings, results,
+                                 markdown=markdown, goals=goals)
+
+
+def percent(ratio):
+    """A ratio as a signed overhead, e.g. `+1.20%`."""
+    return f"{100 * (ratio - 1):+.2f}%"
+
+
+def overhead_status(ratio, control, target):
+    """Met, missed, or not resolved by a measurement as noisy as this."""
+    # How far two identical classifiers differ, and how much both ratios
+    # spread from step to step.
+    noise = (ratio["q3"] - ratio["q1"]) / 2
+    if control:
+        noise = max(noise, abs(control["median"] - 1),
+                    (control["q3"] - control["q1"]) / 2)
+    if ratio["median"] - 1 <= target:
+        return "met"
+    return "not resolved" if ratio["median"] - 1 <= noise else "missed"
+
+
+def classifier_goal(payload, layer_payload, mode, target, models=None):
+    """The cells `(measured, status)` of a classifier-overhead goal.
+
+    A paired timing within its noise defers to the layer's own time, from
+    `layer_payload` (the layer-cost run of the same backend, or `None`),
+    over the classifier's step.
+
+    Args:
+        payload: An end-to-end run.
+        layer_payload: The layer-cost run of the same backend, or `None`.
+        mode: `"train"` or `"inference"`.
+        target: The largest overhead that meets the goal, e.g. `0.01`.
+        models: The backbones counted (default: all).
+    """
+    backend = payload["environment"]["backend"]
+    layer = {}
+    if layer_payload:
+        layer = {(r["mode"], r["method"], r["dim"], r["dtype"]): r["median_s"]
+                 for r in layer_payload["results"]}
+    measured, statuses, over = [], [], []
+    for r in payload["results"]:
+        if models and r["model"] not in models:
+            continue
+        ratio = r[f"{mode}_ratio_isobn_to_none"]
+        control = r.get(f"{mode}_ratio_control_to_none")
+        statuses.append(overhead_status(ratio, control, target))
+        alone = layer.get((mode, "isobn", r["hidden_dim"], "float32"))
+        share = alone and alone / r[mode]["none"]["median_s"]
+        cell = f"{backend} {r['model']}: {percent(ratio['median'])}"
+        if control:
+            cell += f" (control {percent(control['median'])})"
+        if share:
+            cell += f", layer alone {100 * share:.3f}%"
+        measured.append(cell)
+        if share and share > target:
+            over.append(f"{backend} {r['model']} ({100 * share:.3f}%)")
+    if not measured:
+        return "not run", "-"
+    if "missed" in statuses:
+        return "; ".join(measured), "**missed**"
+    if "not resolved" in statuses:
+        return "; ".join(measured), "not resolved by the paired timing; " + (
+            "**missed** by the layer alone on " + ", ".join(over)
+            if over else "met by the layer alone"
+        )
+    return "; ".join(measured), "met"
+
+
+def goals(payload, path):
+    """The overheads of IsoBN in a classifier, and of its folded export."""
+    # The layer's own time, if the layer-cost run of this backend is there.
+    folder, name = os.path.split(path)
+    layer_path = os.path.join(folder, name.replace("end_to_end", "layer_cost"))
+    layer_payload = None
+    if os.path.exists(layer_path):
+        with open(layer_path) as f:
+            layer_payload = json.load(f)
+    result = []
+    for name, target, mode, limit, models in (
+        ("IsoBN train-step overhead, BERT-base classifier", "<= 1%",
+         "train", 0.01, ("bert_base",)),
+        ("IsoBN inference overhead, whole classifier", "< 0.1%",
+         "inference", 0.001, None),
+    ):
+        measured, status = classifier_goal(payload, layer_payload, mode,
+                                           limit, models)
+        result.append({"name": name, "target": target, "measured": measured,
+                       "status": status})
+    measured, same_everywhere = [], True
+    for r in payload["results"]:
+        folded = r["folded"]
+        same = (folded["layers"] == folded["layers_without_isobn"]
+                and not folded["has_normalization"])
+        same_everywhere &= same
+        measured.append(
+            f"{r['model']}: "
+            + ("the same layers as without IsoBN" if same
+               else "a normalization is left")
+            + f", logits within {folded['max_abs_logit_difference']:.0e}"
+            + ", timed "
+            + percent(r["inference_ratio_folded_to_none"]["median"])
+        )
+    result.append({"name": "Same, export with the scale folded into the "
+                   "kernel", "target": "0", "measured": "; ".join(measured),
+                   "status": harness.status(same_everywhere)})
+    return result
+
+
+def ratio_cell(r):
+    return f"{r['median']:.3f} [{r['q1']:.3f}, {r['q3']:.3f}]" if r else "-"
+
+
+def memory_cell(result):
+    if not result.get("memory"):
+        return "-"
+    peak = {k: (v.get("device_peak_bytes") or v["peak_rss_bytes"]) / 2**20
+            for k, v in result["memory"].items()}
+    names = [n for n in ("none", "isobn", "none_control") if n in peak]
+    cell = " / ".join(f"{peak[n]:.0f}" for n in names) + " MiB"
+    if "isobn_state_bytes" in result:
+        state = result["isobn_state_bytes"] / 2**20
+        cell += f" (IsoBN's statistics: {state:.1f} MiB)"
+    return cell
+
+
+def markdown(payload, path):
+    """The goals and a row per backbone: times, paired ratios, memory."""
+    s = payload["settings"]
+    us = harness.us
+    rows = []
+    for r in payload["results"]:
+        train, inference = r["train"], r["inference"]
+        rows.append([
+            f"{r['model']} (d={r['hidden_dim']}, {r['num_layers']} layers), "
+            f"{s['batch_size']}x{s['sequence_length']}, "
+            f"{len(train['none']['steps'])} steps",
+            f"{us(train['none']['median_s'])} / "
+            f"{us(train['isobn']['median_s'])}",
+            ratio_cell(r["train_ratio_isobn_to_none"]),
+            ratio_cell(r.get("train_ratio_control_to_none")),
+            f"{r['analytic']['share'] * 100:.4f}%",
+            " / ".join(us(inference[n]["median_s"])
+                       for n in ("none", "isobn", "isobn_folded")),
+            " / ".join(ratio_cell(r.get(f"inference_ratio_{x}_to_none"))
+                       for x in ("isobn", "folded", "control")),
+            memory_cell(r),
+        ])
+    header = ["classifier, batch, timed steps",
+              "train step without / with IsoBN",
+              "paired ratio IsoBN / without, median [quartiles]",
+              "same, control / without", "IsoBN's flops share",
+              "predict without / with / folded",
+              "predict ratios IsoBN / folded / control",
+              "peak memory without / with / control"]
+    return "\n".join([
+        f"# End to end, {payload['environment']['backend']}", "",
+        "Paired ratios: medians of the step-by-step ratios to the first "
+        "classifier without IsoBN; the control is a second one without "
+        f"IsoBN. Compiled: {s.get('compiled', '-')}.", "",
+        harness.machine_line(payload["environment"]), "",
+        harness.goals_table(goals(payload, path)), "",
+        "## Classifiers", "",
+        harness.table(header, rows),
+    ]) + "\n"
 
 
 OPTIONS = {

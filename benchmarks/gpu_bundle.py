@@ -52,8 +52,8 @@ class Bundle:
         if not os.path.isfile(manifest):
             raise FileNotFoundError(
                 f"{folder!r} is not a GPU-check bundle (no manifest.json). "
-                "Build one on a CPU machine with `benchmarks/gpu_check.sh "
-                "bundle GLUE_DIR OUT`."
+                "Build one on a CPU machine with `python -m "
+                "benchmarks.gpu_check bundle GLUE_DIR OUT`."
             )
         with open(manifest) as f:
             self.manifest = json.load(f)
@@ -294,7 +294,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_bundle",
         description=__doc__.split("\n\n")[0],
-        epilog="Then, on the GPU host: benchmarks/gpu_check.sh run OUTPUT",
+        epilog="Then, on the GPU host: python -m benchmarks.gpu_check run "
+        "OUTPUT",
     )
     parser.add_argument("output", help="New folder for the bundle.")
     harness.add_options(parser, OPTIONS)

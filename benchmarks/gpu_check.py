@@ -1,14 +1,22 @@
-"""The GPU check of keras-isobn, run from a bundle (see gpu_check.sh).
+"""The GPU check of keras-isobn, for a GPU host without TensorFlow.
 
-For a GPU host with JAX or PyTorch and no TensorFlow. Commands:
+A rented GPU box has JAX and/or PyTorch but no TensorFlow, Keras,
+KerasHub or network. Commands:
 
-- `run BUNDLE`: on `KERAS_BACKEND`, the sections of `--sections` (see
+- `bundle GLUE_DIR OUT`: on a CPU machine with this package, writes OUT
+  (<= 60 MB: SST-2 token ids, the MiniLM checkpoint in float16, wheels of
+  keras and keras-hub; options: `python -m benchmarks.gpu_bundle --help`);
+- `run OUT`: on the GPU host, from this repository, installs the bundle's
+  wheels into OUT/site, then runs, each in a fresh process, `part` per
+  backend, `hf` (when `transformers` is there) and `merge`; exit code 0
+  when all checks pass;
+- `part BUNDLE`: on `KERAS_BACKEND`, the sections of `--sections` (see
   `gpu_sections`: fine-tuning and bfloat16 checks, throughput, numerics),
   each saved to `part_<backend>.json` as it ends;
 - `hf BUNDLE`: Hugging Face `Trainer` fine-tunes the same checkpoint on
   the same token ids, batch, steps and schedule (`part_hf.json`);
-- `merge DIR`: the parts into `gpu_check.json`; one PASS/FAIL line per
-  check, the goals and a summary; exit code 0 when all checks pass.
+- `merge DIR`: the parts into `gpu_check.json` and `.md`; one PASS/FAIL
+  line per check, the goals and a summary.
 
 `--small` shrinks it to run on a CPU in a minute (with a tiny bundle).
 """
@@ -17,6 +25,8 @@ import argparse
 import glob
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +34,7 @@ import traceback
 
 import numpy as np
 
+from benchmarks import gpu_bundle
 from benchmarks import gpu_sections
 from benchmarks import harness
 from benchmarks.gpu_bundle import Bundle
@@ -163,8 +174,8 @@ def summary_rows(parts):
         if "fit" in throughput:
             ratios = throughput["ratios"]
             r = {k: v["fit_blocks"] for k, v in ratios.items()}
-            rates = [throughput["fit"][n]["examples_per_s"]
-                     for n in ("isobn", "none", "batchnorm", "none_keras_adamw")]
+            names = ("isobn", "none", "batchnorm", "none_keras_adamw")
+            rates = [throughput["fit"][n]["examples_per_s"] for n in names]
             rows.append(
                 f"{part}: train examples/s IsoBN / none / BN / none+keras "
                 "AdamW: " + " / ".join(f"{x:.0f}" for x in rates)
@@ -215,6 +226,28 @@ def goals(parts):
     return measured
 
 
+def markdown(payload, path=None):
+    """The checks, the goals and the summary of a merged run."""
+    failed = [k for k, v in payload["checks"].items() if not v]
+    env = payload["environment"]
+    goal_rows = [[name, goal["goal"], f"{goal['measured']:.3f}",
+                  harness.status(goal["met"])]
+                 for name, goal in payload["goals"].items()]
+    return "\n".join([
+        "# GPU check", "",
+        "`python -m benchmarks.gpu_check run BUNDLE` on a GPU host (a run "
+        "with `--small` is a smoke test: accuracy not checked).", "",
+        f"Devices: {', '.join(env.get('devices', []))}. "
+        + (harness.machine_line(env) if "versions" in env else ""), "",
+        "Checks: " + ("PASS" if payload["passed"]
+                      else "FAIL: " + ", ".join(failed)), "",
+        "## Goals", "",
+        harness.table(["goal", "target", "measured", "status"], goal_rows),
+        "", "## Summary", "",
+        *[f"- {row}" for row in payload["summary"]],
+    ]) + "\n"
+
+
 def merge(folder):
     """Writes `gpu_check.json` from the parts; returns `(path, passed)`."""
     parts = {}
@@ -242,6 +275,8 @@ def merge(folder):
         "parts": parts,
     }
     path = harness.write_json(os.path.join(folder, "gpu_check.json"), payload)
+    with open(os.path.join(folder, "gpu_check.md"), "w") as f:
+        f.write(markdown(payload))
     for check, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {check}")
     for name, goal in payload["goals"].items():
@@ -252,13 +287,103 @@ def merge(folder):
     return path, passed
 
 
-def parse_args(argv=None):
+def check(args, parser):
+    """Runs every part in its own process, then merges; returns the code."""
+    bundle = os.path.abspath(args.bundle)
+    if not os.path.isfile(os.path.join(bundle, "manifest.json")):
+        parser.error(f"{args.bundle!r} is not a bundle (no manifest.json); "
+                     "build one with `python -m benchmarks.gpu_check bundle "
+                     "GLUE_DIR OUT`.")
+    output = os.path.abspath(args.output)
+    os.makedirs(output, exist_ok=True)
+    old = glob.glob(os.path.join(output, "part_*.json"))
+    for path in old + glob.glob(os.path.join(output, "gpu_check.*")):
+        os.remove(path)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # JAX must not take the whole GPU memory up front.
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    paths = [harness.REPO_ROOT]
+    wheels = glob.glob(os.path.join(bundle, "wheels", "*.whl"))
+    if wheels:
+        # The bundle's versions, in a folder of their own, ahead of the
+        # host's.
+        site = os.path.join(bundle, "site")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index",
+             "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
+             "--target", site, *wheels], check=True)
+        paths.insert(0, site)
+    env["PYTHONPATH"] = os.pathsep.join(
+        paths + [p for p in [env.get("PYTHONPATH")] if p]
+    )
+    if shutil.which("nvidia-smi"):
+        subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,"
+                        "driver_version", "--format=csv,noheader"],
+                       check=False)
+    start, failed = time.perf_counter(), False
+    small = ["--small"] if args.small else []
+
+    def step(name, modules, command, **extra):
+        found = subprocess.run([sys.executable, "-c", f"import {modules}"],
+                               env=env, capture_output=True)
+        if found.returncode:
+            print(f"gpu_check: {modules} is not installed; {name} skipped.")
+            return False
+        print(f"gpu_check: {name} ({time.perf_counter() - start:.0f} s)",
+              flush=True)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "benchmarks.gpu_check", command,
+                 bundle, "--output", output, *small],
+                env=dict(env, **extra), timeout=args.timeout,
+            )
+        except subprocess.TimeoutExpired:
+            print(f"gpu_check: FAIL {name} ran past {args.timeout} s.")
+            return True
+        return done.returncode != 0
+
+    for backend in args.backends:
+        failed |= step(backend, backend, "part", KERAS_BACKEND=backend)
+    if not args.no_hf:
+        failed |= step("HF Trainer", "torch, transformers", "hf")
+    failed |= not merge(output)[1]
+    seconds = time.perf_counter() - start
+    if failed:
+        print(f"gpu_check: FAIL ({seconds:.0f} s; see the FAIL lines above; "
+              f"JSON in {output})", file=sys.stderr)
+        return 1
+    print(f"gpu_check: PASS ({seconds:.0f} s, "
+          f"{os.path.join(output, 'gpu_check.json')})")
+    return 0
+
+
+def parser_of():
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_check",
         description=__doc__.split("\n\n")[0],
+        epilog="Usage: `bundle GLUE_DIR OUT` here, then `run OUT` on the "
+        "GPU host.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in ("run", "hf"):
+    sub = commands.add_parser("bundle", help="Write a bundle (CPU machine).")
+    sub.add_argument("glue_dir", help="GLUE folder (with SST-2/).")
+    sub.add_argument("bundle", help="New folder for the bundle.")
+    sub.add_argument("options", nargs=argparse.REMAINDER,
+                     help="Options of `python -m benchmarks.gpu_bundle`.")
+    sub = commands.add_parser("run", help="Run the whole check (GPU host).")
+    sub.add_argument("bundle", help="Bundle folder.")
+    sub.add_argument("--output", default="gpu_check_results",
+                     help="Folder for the results.")
+    sub.add_argument("--backends", nargs="+", default=["jax", "torch"],
+                     help="Backends checked (those installed).")
+    sub.add_argument("--small", action="store_true",
+                     help="Small timings, for a CPU.")
+    sub.add_argument("--no-hf", action="store_true",
+                     help="Leave out the Hugging Face Trainer.")
+    sub.add_argument("--timeout", type=float, default=1200,
+                     help="Seconds each process may run.")
+    for command in ("part", "hf"):
         sub = commands.add_parser(command)
         sub.add_argument("bundle", help="Bundle folder (gpu_bundle.py).")
         sub.add_argument("--output", required=True,
@@ -271,33 +396,37 @@ def parse_args(argv=None):
             sub.add_argument("--" + key.replace("_", "-"), type=type(value),
                              help=f"Defaults to {value}{torch} "
                              f"({SMALL[key]} with --small).")
-        if command == "run":
+        if command == "part":
             sub.add_argument("--sections", nargs="+", choices=SECTIONS,
                              default=list(SECTIONS), help="Sections to run.")
     sub = commands.add_parser("merge")
     sub.add_argument("output", help="Folder holding the part_*.json.")
-    args = parser.parse_args(argv)
-    if args.command != "merge":
-        sizes = SMALL if args.small else FULL
-        if not args.small and os.environ.get("KERAS_BACKEND") == "torch":
-            sizes = dict(sizes, **FULL_TORCH)
-        for key, value in sizes.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
-        os.makedirs(args.output, exist_ok=True)
-    return args
+    return parser
 
 
 def main(argv=None):
     """Runs a command; returns the exit code."""
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    parser = parser_of()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.command == "bundle":
+        gpu_bundle.main([args.bundle, "--glue-dir", args.glue_dir,
+                         *args.options])
+        return 0
+    if args.command == "run":
+        return check(args, parser)
     if args.command == "merge":
         return 0 if merge(args.output)[1] else 1
-    path = run(args) if args.command == "run" else run_hf(args)
+    sizes = SMALL if args.small else FULL
+    if not args.small and os.environ.get("KERAS_BACKEND") == "torch":
+        sizes = dict(sizes, **FULL_TORCH)
+    for key, value in sizes.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    os.makedirs(args.output, exist_ok=True)
+    path = run(args) if args.command == "part" else run_hf(args)
     print(path, flush=True)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

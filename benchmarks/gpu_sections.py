@@ -1,4 +1,4 @@
-"""The sections of the GPU check (`benchmarks.gpu_check run`).
+"""The sections of the GPU check (`benchmarks.gpu_check part`).
 
 Each `section_<name>(bundle, args)` measures on the loaded backend and
 returns a dict (with `"checks"`, name to bool, where it checks):

@@ -97,6 +97,51 @@ def measure_backend(backend, args):
     }
 
 
+TARGET = 1.2
+
+
+def goals(payload, path=None):
+    """The import's goal: at most `TARGET` times Keras's time and memory."""
+    results = payload["results"]
+    met = all(max(r["ratios"].values()) <= TARGET for r in results)
+    measured = "; ".join(f"{r['backend']}: {r['ratios']['wall']:.2f}x time, "
+                         f"{r['ratios']['peak_rss']:.2f}x memory"
+                         for r in results)
+    return [{"name": "`import keras_isobn` + a layer / `import keras`, time "
+             "and peak memory", "target": f"<= {TARGET}x",
+             "measured": measured, "status": harness.status(met)}]
+
+
+def markdown(payload, path=None):
+    """The goal and a row per backend: time, memory, modules added."""
+    rows = []
+    for r in payload["results"]:
+        statements = r["statements"]
+        cells = [f"{harness.us(s['wall']['median_s'])}, "
+                 f"{s['peak_rss_bytes'] / 2**20:.0f} MiB"
+                 for s in statements.values()]
+        added = set(statements["keras_isobn"]["modules"])
+        added -= set(statements["keras"]["modules"])
+        rows.append([
+            r["backend"], *cells, f"{r['ratios']['wall']:.2f}x",
+            f"{r['ratios']['peak_rss']:.2f}x",
+            ", ".join(f"`{m}`" for m in sorted(added)) or "none",
+            harness.status(max(r["ratios"].values()) <= TARGET),
+        ])
+    header = ["backend", "`import keras`: time, peak memory",
+              "`import keras_isobn` + a layer: time, peak memory",
+              "time ratio", "memory ratio", "heavy modules it adds",
+              f"<= {TARGET}x"]
+    return "\n".join([
+        "# Import cost", "",
+        "Fresh processes, the two statements in alternation; medians of the "
+        "whole process's time and of its peak resident memory (`VmHWM`).",
+        "", harness.machine_line(payload["environment"]), "",
+        harness.goals_table(goals(payload)), "",
+        "## Backends", "", harness.table(header, rows),
+    ]) + "\n"
+
+
 def main(argv=None):
     """Runs the benchmark; returns the path of the JSON file."""
     parser = harness.command(__name__, {
@@ -118,7 +163,7 @@ def main(argv=None):
                     repeats=args.repeats, warmup=args.warmup,
                     threads=args.threads, heavy_modules=HEAVY_MODULES)
     path = harness.write_results(args, "import_cost", settings, results,
-                                 backend=False)
+                                 backend=False, markdown=markdown, goals=goals)
     print(path, flush=True)
     return path
 

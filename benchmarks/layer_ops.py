@@ -253,7 +253,7 @@ def measure(args):
     for dim in args.dims:
         for dtype in args.dtypes:
             policy = DTYPES[dtype]
-            for method in args.methods:
+            for method in METHODS:
                 keys = dict(method=method, dim=dim, dtype=dtype,
                             policy=policy, batch_size=args.batch_size)
                 scopes = {}
@@ -271,14 +271,13 @@ def measure(args):
               file=sys.stderr, flush=True)
     settings = dict(batch_size=args.batch_size, dims=args.dims,
                     dtypes={d: DTYPES[d] for d in args.dtypes},
-                    methods=args.methods, threads=args.threads)
+                    methods=list(METHODS), threads=args.threads)
     return harness.write_results(args, "layer_ops", settings, results)
 
 
 OPTIONS = {
     "dims": ([384, 1024], "Feature sizes d."),
     "dtypes": (list(DTYPES), "Compute dtypes.", tuple(DTYPES)),
-    "methods": (list(METHODS), "Layers to count.", METHODS),
     "batch_size": (32, "Rows of the input."),
 }
 

@@ -312,7 +312,7 @@ def goals(results):
     ]
 
 
-def markdown(payload):
+def markdown(payload, path=None):
     """The results as Markdown: goals, then one row per job."""
     s, env = payload["settings"], payload["environment"]
     results = payload["results"]

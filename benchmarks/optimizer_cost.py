@@ -283,7 +283,7 @@ def measure_dtype(args, shape, dtype, batch):
     backend = keras.backend.backend()
     keras.mixed_precision.set_global_policy(DTYPES[dtype])
     results, steps, updates = {}, {}, {}
-    for name in args.optimizers:
+    for name in OPTIMIZERS:
         classifier = make_classifier(shape, name)
         result = {"optimizer": name, "dtype": dtype}
         optimizer = classifier.optimizer
@@ -368,7 +368,7 @@ def measure(args):
         shape=shape, batch_size=args.batch_size,
         sequence_length=args.sequence_length, steps=args.steps,
         update_steps=args.update_steps, warmup=args.warmup,
-        dtypes=args.dtypes, optimizers=args.optimizers,
+        dtypes=args.dtypes, optimizers=list(OPTIMIZERS),
         no_kernel_aten_operations=sorted(NO_KERNEL_ATEN),
     )
     return harness.write_results(args, "optimizer_cost", settings, results)
@@ -381,7 +381,6 @@ OPTIONS = {
     "update_steps": (30, "Timed optimizer updates alone per optimizer."),
     "warmup": (2, "Untimed steps first."),
     "dtypes": (list(DTYPES), "Dtype policies.", tuple(DTYPES)),
-    "optimizers": (list(OPTIMIZERS), "Optimizers.", OPTIMIZERS),
     "no_hf": (False, "Leave out the Hugging Face model (PyTorch only)."),
 }
 

@@ -1,11 +1,11 @@
-"""Runs the benchmark suite and writes its Markdown summary.
+"""Runs the benchmark suite.
 
 In order: `layer_cost`, `end_to_end` (each on every backend of
-`--backend`, each backend in its own process), `import_cost` (fresh
-processes per backend), then `report`, which writes the tables,
-`README.md` in the results folder, from every JSON there. Each script
-runs alone too, with more options: `python -m benchmarks.<script>
---help`. The GPU check is separate: `benchmarks/gpu_check.sh --help`.
+`--backend`, each backend in its own process) and `import_cost` (fresh
+processes per backend). Each writes its JSON and, beside it, its
+Markdown tables and goals. Each script runs alone too, with more options:
+`python -m benchmarks.<script> --help`. The GPU check is separate:
+`python -m benchmarks.gpu_check --help`.
 
 Usage:
 
@@ -20,14 +20,13 @@ from benchmarks import end_to_end
 from benchmarks import harness
 from benchmarks import import_cost
 from benchmarks import layer_cost
-from benchmarks import report
 
 STEPS = {"layer_cost": layer_cost, "end_to_end": end_to_end,
          "import_cost": import_cost}
 
 
 def main(argv=None):
-    """Runs the suite; returns the path of the Markdown summary."""
+    """Runs the suite; returns the paths of the Markdown files written."""
     parser = harness.command(__name__, {
         "skip": ([], "Benchmarks to leave out.", tuple(STEPS)),
     })
@@ -37,13 +36,14 @@ def main(argv=None):
         shared += ["--backend", backend]
     shared += ["--quick"] if args.quick else []
     shared += ["--threads", str(args.threads)] if args.threads else []
+    written = []
     for name, module in STEPS.items():
         if name not in args.skip:
-            module.main(shared)
-    path = report.main(["--results", args.output]
-                       + (["--include-quick"] if args.quick else []))
-    print(f"Summary: {path}", flush=True)
-    return path
+            paths = module.main(shared)
+            for path in [paths] if isinstance(paths, str) else paths:
+                written.append(path.replace(".json", ".md"))
+    print("Results: " + ", ".join(written), flush=True)
+    return written
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """`RunDirectory`: the output folder of one resumable training run."""
 
+import csv
 import json
 import os
-import shutil
 import tempfile
+import zipfile
+
+import numpy as np
 
 from keras_isobn import distribution
 from keras_isobn.callbacks import TrainingCheckpoint
+from keras_isobn.files import DAMAGED_SUFFIX
+from keras_isobn.files import DamagedFileError
 from keras_isobn.files import atomic_write
+from keras_isobn.files import read_verified
 
 __all__ = ["RunDirectory"]
 
@@ -49,11 +55,46 @@ class RunDirectory:
         return os.path.join(self.directory, name)
 
     def load_json(self, name):
-        """The JSON file `name`, or `None` if there is none."""
+        """The JSON file `name`, or `None` if there is none or it is damaged.
+
+        A damaged file (one that does not match its checksum) is set aside
+        as `<name>.damaged`, with a line on standard error, to be written
+        again.
+        """
+        try:
+            return self.read(name)
+        except DamagedFileError:
+            return None
+
+    def read(self, name):
+        """The contents of the file `name`, checked against its checksum.
+
+        JSON files are parsed, `.npz` files read into a dict of arrays,
+        CSV files into a list of rows (dicts); other files (`.keras`, ...)
+        are checked whole and `None` is returned.
+
+        Returns:
+            The contents, or `None` if there is no such file.
+
+        Raises:
+            DamagedFileError: if it is damaged (set aside by the writer).
+        """
         if not os.path.exists(self.path(name)):
             return None
-        with open(self.path(name)) as file:
-            return json.load(file)
+        return read_verified(self.path(name), _reader(name), self.write)
+
+    def damaged(self, names):
+        """Which of the files `names` (those present) are damaged.
+
+        Each is checked (`read()`); the damaged ones are set aside.
+        """
+        damaged = []
+        for name in names:
+            try:
+                self.read(name)
+            except DamagedFileError:
+                damaged.append(name)
+        return damaged
 
     def save(self, name, content):
         """`atomic_write(self.path(name), content)` by the writer.
@@ -83,17 +124,83 @@ class RunDirectory:
         """Whether the run resumes: if `checkpoint` saved an epoch.
 
         Otherwise the writer empties the folder (of a run stopped in its
-        first epoch), so nothing half-written is kept. In a cluster, every
-        process returns once that is done.
+        first epoch), so nothing half-written is kept, but for the files
+        set aside as damaged (`*.damaged`). In a cluster, every process
+        returns once that is done.
         """
-        resuming = os.path.exists(checkpoint.state_path)
+        resuming = bool(checkpoint.state_paths())
         if self.write and not resuming and os.path.isdir(self.directory):
             print(f"Removing {self.directory}, stopped in its first epoch.")
-            shutil.rmtree(self.directory)
+            _empty(self.directory)
         distribution.barrier(f"start {self.directory}")
         return resuming
 
+    def restart(self):
+        """Keeps the folder, renamed `<folder>.restarted`, for a fresh start.
+
+        (`<folder>.restarted-2`, ... if that is taken.) In a cluster, every
+        process returns once the writer renamed it.
+
+        Returns:
+            The folder's new name, or `None` if there was no folder.
+        """
+        target = None
+        if self.write and os.path.isdir(self.directory):
+            target, number = f"{self.directory}.restarted", 1
+            while os.path.lexists(target):
+                number += 1
+                target = f"{self.directory}.restarted-{number}"
+            os.replace(self.directory, target)
+        distribution.barrier(f"restart {self.directory}")
+        return target
+
     def finish(self):
-        """Removes the checkpoint's `backup/` once the results are saved."""
-        if self.write:
-            shutil.rmtree(self.path("backup"), ignore_errors=True)
+        """Removes the checkpoint's `backup/` once the results are saved
+        (but for the files set aside as damaged)."""
+        if self.write and os.path.isdir(self.path("backup")):
+            _empty(self.path("backup"))
+
+
+def _empty(directory):
+    """Removes what `directory` holds, but for files set aside as damaged;
+    then the folder itself, if nothing is left."""
+    for entry in os.scandir(directory):
+        if DAMAGED_SUFFIX in entry.name:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            _empty(entry.path)
+        else:
+            os.remove(entry.path)
+    if not os.listdir(directory):
+        os.rmdir(directory)
+
+
+def _read_json(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def _read_npz(path):
+    with np.load(path) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def _read_csv(path):
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    if not rows or None in rows[-1] or None in rows[-1].values():
+        raise ValueError("a row is missing or cut short")
+    return rows
+
+
+def _read_zip(path):
+    with zipfile.ZipFile(path) as archive:
+        if (name := archive.testzip()) is not None:
+            raise ValueError(f"{name} is damaged")
+
+
+def _reader(name):
+    extension = os.path.splitext(name)[1]
+    return {".json": _read_json, ".npz": _read_npz, ".csv": _read_csv}.get(
+        extension, _read_zip
+    )

@@ -3,12 +3,11 @@
 `python recipes/glue.py` trains a small built-in BERT offline on the GLUE
 sample of `keras_isobn.glue` (SST-2, STS-B) with each `--norm`; `--preset`
 and `--task` give the paper's setting. Each run writes `results.json`,
-`epochs.csv`, `best.keras` (with its preprocessor), `dev_predictions.npz`,
-`logs/` and, while it trains, `backup/` to `<output-dir>/<task>/<norm>/
-seed-<n>/`. A killed run resumes when the same command runs again, and ends
-as if never stopped. Several processes (JAX) run the same command under a
-cluster manager or `python -m keras_isobn.launch`; process 0 alone writes.
-Then `keras_isobn.glue.report` gathers the runs into the paper's tables.
+`epochs.csv`, `best.keras`, `dev_predictions.npz`, `logs/` and `backup/`
+to `<output-dir>/<task>/<norm>/seed-<n>/`, each file with its checksum.
+A killed run resumes exactly when the same command runs again; a damaged
+file is set aside and made again, or the run stops with one line.
+Guide: docs/guides/glue_recipe.md.
 
 From Python, `main(argv)` runs a command line and returns the results of
 its runs, e.g. `main(["--task", "rte", "--preset", "bert_base_en"])`.
@@ -31,8 +30,11 @@ from keras_isobn import distribution
 from keras_isobn import glue
 from keras_isobn import models
 from keras_isobn.batching import SeededBatches
+from keras_isobn.callbacks import EpochLogs
 from keras_isobn.callbacks import ResumableEarlyStopping
 from keras_isobn.callbacks import WholeSetMetrics
+from keras_isobn.files import DamagedFileError
+from keras_isobn.files import DiskFullError
 from keras_isobn.files import exclusive
 from keras_isobn.files import package_versions
 from keras_isobn.glue import report
@@ -53,13 +55,8 @@ SAMPLE_CAVEAT = (
 )
 # With --preset: the authors' train.py (INK-USC/IsoBN); else the sample's.
 PAPER_DEFAULTS = dict(
-    task=None,
-    norm=["isobn"],
-    max_sequence_length=256,
-    batch_size=16,
-    learning_rate=5e-5,
-    epochs=10,
-    seeds=[1, 2, 3, 4, 5],
+    task=None, norm=["isobn"], max_sequence_length=256, batch_size=16,
+    learning_rate=5e-5, epochs=10, seeds=[1, 2, 3, 4, 5],
 )
 # Not isobn-unit: the sample's BERT, untrained, has pooled outputs of std
 # ~3e-4, which unit variance scales ~4,000 times; with the slowly moving
@@ -85,6 +82,8 @@ POSITIVE = (
     "patience",
 )
 KINDS = ("none", "data_parallel", "multi_worker")
+# What a finished run leaves; one damaged is made again by running again.
+OUTPUTS = ("epochs.csv", "ev_before.json", "dev_predictions.npz", "best.keras")
 DISTRIBUTION_HELP = (
     "data_parallel: split each batch across all accelerators (TensorFlow or "
     "JAX); multi_worker: across those of the processes of a cluster (JAX; "
@@ -173,6 +172,13 @@ def parse_args(argv=None):
         "compiles it for longer than it trains).",
     )
     add("--distribution", choices=KINDS, help=DISTRIBUTION_HELP)
+    add(
+        "--restart",
+        action="store_true",
+        help="Start afresh the runs not finished (e.g. whose saved states "
+        "are all damaged); their folders are kept, renamed "
+        "<seed-n>.restarted.",
+    )
     add("--no-report", action="store_true", help="Write no report.")
     add("--verbose", type=int, default=2, help="Keras fit verbosity.")
     args = parser.parse_args(argv)
@@ -297,18 +303,6 @@ def dev_set_metrics(args, task, dev, inputs, model):
     ]
 
 
-class EpochLogs(keras.callbacks.Callback):
-    """Logs each epoch's seconds and its last learning rate."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.time()
-
-    def on_epoch_end(self, epoch, logs=None):
-        rate = self.model.optimizer.learning_rate
-        logs["learning_rate"] = float(keras.ops.convert_to_numpy(rate))
-        logs["epoch_time_s"] = time.time() - self.start
-
-
 class BestPredictions(keras.callbacks.Callback):
     """Keeps the dev predictions of the best epoch, not to predict again."""
 
@@ -351,11 +345,17 @@ def run(
     run_dir = RunDirectory(
         os.path.join(args.output_dir, task.name, norm, f"seed-{seed}")
     )
-    # A finished run is read back; a run with a saved epoch resumes; one
-    # stopped in its first epoch starts afresh, keeping nothing half-written.
+    # A finished run is read back (its files checked: one damaged is set
+    # aside, and the run is done again, deterministically, from scratch);
+    # a run with a saved epoch resumes; one stopped in its first epoch
+    # starts afresh, keeping nothing half-written.
     if (results := run_dir.load_json("results.json")) is not None:
-        print(f"[glue] {name}: done already; skipped.")
-        return results
+        if not (damaged := run_dir.damaged(OUTPUTS)):
+            print(f"[glue] {name}: done already; skipped.")
+            return results
+        print(f"[glue] {name}: {', '.join(damaged)} damaged: running again.")
+    elif args.restart and (kept := run_dir.restart()):
+        print(f"[glue] {name}: --restart: the old run is kept as {kept}.")
     start = time.time()
     checkpoint = run_dir.checkpoint(f"val_{task.primary_metric}")
     resuming = run_dir.start(checkpoint)
@@ -399,18 +399,19 @@ def run(
             )
             model.compile(optimizer=optimizer, jit_compile=args.jit_compile)
         with step("restore"):
+            # EV_k before fine-tuning: measured once, on the model as built
+            # (again if its file is damaged), before any state is restored.
+            if (ev_before := run_dir.load_json("ev_before.json")) is None:
+                logs = dev_metrics[0].evaluate(model)  # In every process.
+                ev_before = {k: v for k, v in logs.items() if k[:2] == "ev"}
+                run_dir.save("ev_before.json", json.dumps(ev_before))
             done = checkpoint.restore(model)
         what = f"resuming after epoch {len(done)}" if resuming else "training"
         print(f"[glue] {name}: {what} in {run_dir.directory}", flush=True)
 
-        # 3. Fit from there, saving each epoch; EV_k before fine-tuning is
-        # measured once, by the first attempt.
+        # 3. Fit from there, saving each epoch.
         best = BestPredictions(checkpoint, dev_metrics)
         if not checkpoint.finished(args.epochs, args.patience):
-            if run_dir.load_json("ev_before.json") is None:
-                logs = dev_metrics[0].evaluate(model)  # In every process.
-                ev = {k: v for k, v in logs.items() if k.startswith("ev")}
-                run_dir.save("ev_before.json", json.dumps(ev))
             callbacks = [
                 *dev_metrics,
                 EpochLogs(),
@@ -467,7 +468,7 @@ def run(
     # 5. The results of the best epoch (written by the chief).
     with step("save"):
         results = {
-            **summary(args, task, data, norm, seed, checkpoint, run_dir),
+            **summary(args, task, data, norm, seed, checkpoint, ev_before),
             "replicas": replicas,
             "wall_time_s": time.time() - start,
             "resumed": resuming,
@@ -479,11 +480,10 @@ def run(
     return results
 
 
-def summary(args, task, data, norm, seed, checkpoint, run_dir):
+def summary(args, task, data, norm, seed, checkpoint, before):
     """The results of the best epoch, as `results.json` holds them."""
     epochs = checkpoint.epochs
     best = epochs[checkpoint.best_epoch()]
-    before = run_dir.load_json("ev_before.json")
     return {
         "task": task.name,
         "group": task.group,
@@ -567,13 +567,20 @@ def main(argv=None, *, build_classifier=build_classifier, step=None):
         except (OSError, RuntimeError, ValueError) as error:
             print(f"python recipes/glue.py: error: {error}", file=sys.stderr)
             sys.exit(1)
-        for task, data in zip(tasks, datasets):
-            for norm in args.norm:
-                for seed in args.seeds:
-                    results = run(
-                        args, task, data, norm, seed, build_classifier, step
-                    )
-                    all_results.append(results)
+        try:
+            for task, data in zip(tasks, datasets):
+                for norm in args.norm:
+                    for seed in args.seeds:
+                        results = run(
+                            args, task, data, norm, seed, build_classifier, step
+                        )
+                        all_results.append(results)
+        except (DamagedFileError, DiskFullError) as error:  # Files it wrote.
+            damaged = isinstance(error, DamagedFileError)
+            hint = " Or run again with --restart." if damaged else ""
+            message = f"python recipes/glue.py: error: {error}{hint}"
+            print(message, file=sys.stderr)
+            sys.exit(1)
     if distribution.is_chief() and not args.no_report:
         output = os.path.join(args.output_dir, "report")
         report.main([args.output_dir, "--output", output])

@@ -35,10 +35,11 @@ from benchmarks.harness.results import cpu
 from benchmarks.harness.results import devices
 from benchmarks.harness.results import environment
 from benchmarks.harness.results import goal
+from benchmarks.harness.results import goals_table
 from benchmarks.harness.results import machine_line
 from benchmarks.harness.results import peak_rss_bytes
 from benchmarks.harness.results import status
-from benchmarks.harness.results import percent
+from benchmarks.harness.results import rewrite_markdown
 from benchmarks.harness.results import table
 from benchmarks.harness.results import us
 from benchmarks.harness.results import write_json
@@ -51,18 +52,18 @@ from benchmarks.harness.timing import rate
 from benchmarks.harness.timing import steady_rate
 from benchmarks.harness.timing import step_clock
 from benchmarks.harness.timing import summarize
-from benchmarks.harness.timing import time_interleaved
 from benchmarks.harness.timing import time_keras_epochs
 
 __all__ = [
-    "BACKENDS", "DTYPES", "HF_INPUTS", "Phases", "REPO_ROOT", "RESULTS_DIR", "SHAPES",
-    "add_options", "alternate", "bert_backbone", "child_environment",
-    "command", "cpu", "devices", "embed", "environment", "goal",
-    "hf_bert_config", "hf_trainer", "jax_state", "limit_threads",
-    "load_minilm", "machine_line", "minilm_checkpoint", "module_name",
-    "paired_ratio", "parse", "peak_rss_bytes", "percent", "random_batches",
-    "rate", "run", "run_module", "selected_backends", "status",
-    "steady_rate", "step_clock", "summarize", "table",
-    "thread_environment", "time_interleaved", "time_keras_epochs", "us",
-    "write_json", "write_results",
+    "BACKENDS", "DTYPES", "HF_INPUTS", "Phases", "REPO_ROOT", "RESULTS_DIR",
+    "SHAPES", "add_options", "alternate", "bert_backbone",
+    "child_environment", "command", "cpu", "devices", "embed",
+    "environment", "goal", "goals_table", "hf_bert_config", "hf_trainer",
+    "jax_state", "limit_threads", "load_minilm", "machine_line",
+    "minilm_checkpoint", "module_name", "paired_ratio", "parse",
+    "peak_rss_bytes", "random_batches", "rate",
+    "rewrite_markdown", "run", "run_module", "selected_backends", "status",
+    "steady_rate", "step_clock", "summarize", "table", "thread_environment",
+    "time_keras_epochs", "us", "write_json",
+    "write_results",
 ]

@@ -1,6 +1,8 @@
 """Results: JSON with the machine and versions, Markdown tables, goals."""
 
 import datetime
+import glob
+import importlib
 import importlib.metadata
 import json
 import os
@@ -14,7 +16,8 @@ import numpy as np
 __all__ = [
     "REPO_ROOT", "RESULTS_DIR", "environment", "cpu", "devices",
     "peak_rss_bytes", "write_json", "write_results", "machine_line",
-    "table", "goal", "status", "us", "percent",
+    "table", "goal", "goals_table", "status", "us",
+    "rewrite_markdown",
 ]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -145,8 +148,8 @@ def _plain(value):
 
 
 def write_results(args, benchmark, settings, results=None, backend=True,
-                  markdown=None, **extra):
-    """Writes a benchmark's results as JSON (and Markdown) in `--output`.
+                  markdown=None, goals=None, **extra):
+    """Writes a benchmark's results as JSON, and Markdown, in `--output`.
 
     Args:
         args: The parsed arguments (`--output`, `--quick`).
@@ -156,8 +159,10 @@ def write_results(args, benchmark, settings, results=None, backend=True,
         backend: Whether the results are the loaded backend's: the file
             is then `<benchmark>_<backend>[_quick].json`, else
             `<benchmark>[_quick].json`.
-        markdown: Optional function of the payload returning Markdown,
-            written beside the JSON as `.md`.
+        markdown: Optional function of the payload (and its path)
+            returning Markdown, written beside the JSON as `.md`.
+        goals: Optional function of the payload (and its path) returning
+            its goals (see `goals_table`), recorded in the JSON.
         **extra: More top-level entries of the payload.
 
     Returns:
@@ -166,15 +171,45 @@ def write_results(args, benchmark, settings, results=None, backend=True,
     env = environment(backend)
     name = benchmark + (f"_{env['backend']}" if backend else "")
     name += "_quick" if args.quick else ""
+    path = os.path.join(args.output, name + ".json")
     payload = dict(benchmark=benchmark, environment=env,
                    settings=dict(settings, quick=args.quick), **extra)
     if results is not None:
         payload["results"] = results
-    path = write_json(os.path.join(args.output, name + ".json"), payload)
+    if goals:
+        payload["goals"] = goals(payload, path)
+    write_json(path, payload)
     if markdown:
-        with open(os.path.splitext(path)[0] + ".md", "w") as f:
-            f.write(markdown(payload))
+        _write_markdown(path, markdown, payload)
     return path
+
+
+def _write_markdown(path, markdown, payload):
+    text = markdown(payload, path)
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+        f.write(text)
+
+
+def rewrite_markdown(folder=RESULTS_DIR):
+    """Rewrites the Markdown of every benchmark JSON of `folder`.
+
+    Returns:
+        The paths of the Markdown files written.
+    """
+    written = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        with open(path) as f:
+            payload = json.load(f)
+        try:
+            module = importlib.import_module(
+                f"benchmarks.{payload.get('benchmark')}"
+            )
+        except ImportError:
+            continue
+        if hasattr(module, "markdown"):
+            _write_markdown(path, module.markdown, payload)
+            written.append(os.path.splitext(path)[0] + ".md")
+    return written
 
 
 def machine_line(env):
@@ -199,6 +234,14 @@ def goal(measured, limit, at_least=False):
     return {"measured": measured, "goal": limit, "met": bool(met)}
 
 
+def goals_table(goals):
+    """The Markdown of goals given as `{name, target, measured, status}`."""
+    rows = [[g["name"], g["target"], g["measured"], g["status"]]
+            for g in goals]
+    return "## Goals\n\n" + table(["goal", "target", "measured", "status"],
+                                   rows)
+
+
 def status(met):
     """The status cell of a goal."""
     return "met" if met else "**missed**"
@@ -213,8 +256,3 @@ def us(seconds):
     if seconds < 1.0:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds:.2f} s"
-
-
-def percent(ratio):
-    """A ratio as a signed overhead, e.g. `+1.20%`."""
-    return f"{100 * (ratio - 1):+.2f}%"

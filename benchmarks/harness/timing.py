@@ -7,9 +7,8 @@ import time
 import numpy as np
 
 __all__ = [
-    "summarize", "paired_ratio", "rate", "alternate", "time_interleaved",
-    "steady_rate", "step_clock", "jax_state", "Phases",
-    "time_keras_epochs",
+    "summarize", "paired_ratio", "rate", "alternate", "steady_rate",
+    "step_clock", "jax_state", "Phases", "time_keras_epochs",
 ]
 
 
@@ -72,45 +71,6 @@ def alternate(functions, rounds, warmup=1, max_rounds=None):
             timed[name]["times"].append(time.perf_counter() - start)
             timed[name]["outputs"].append(output)
     return timed
-
-
-def time_interleaved(functions, repeats, min_block_s=0.02, warmup=2,
-                     max_number=1000, max_seconds=None, min_repeats=3):
-    """Median time per call of several fast functions, measured in turn.
-
-    Each function is timed in blocks of `number` calls (so that a block
-    lasts about `min_block_s`), `repeats` blocks each, alternating (see
-    `alternate`); with `max_seconds`, a slow function gets fewer blocks
-    (at least `min_repeats`).
-
-    Returns:
-        Dict of name to `summarize()` of its seconds per call, with
-        `"number"` (calls per block) and `"compile_s"` (the first call).
-    """
-    once = alternate({n: _repeat(f, 1) for n, f in functions.items()}, 1,
-                     warmup)
-    numbers, counts, blocks = {}, {}, {}
-    for name, function in functions.items():
-        seconds = max(once[name]["times"][0], 1e-7)
-        numbers[name] = int(min(max_number, max(1, min_block_s // seconds)))
-        counts[name] = repeats
-        if max_seconds is not None:
-            budget = max_seconds // (seconds * numbers[name])
-            counts[name] = int(min(repeats, max(min_repeats, budget)))
-        blocks[name] = _repeat(function, numbers[name])
-    timed = alternate(blocks, repeats, warmup=0, max_rounds=counts)
-    return {name: dict(summarize(np.divide(timed[name]["times"],
-                                           numbers[name])),
-                       number=numbers[name], compile_s=once[name]["compile_s"])
-            for name in functions}
-
-
-def _repeat(function, number):
-    def run(_):
-        for _ in range(number):
-            function()
-
-    return run
 
 
 def steady_rate(times, batch_size, skip=None):

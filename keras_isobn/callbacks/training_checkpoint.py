@@ -25,17 +25,23 @@ in a folder every process reads (the same disk, or a shared file system).
 """
 
 import csv
-import functools
 import json
 import math
 import os
-import shutil
+import re
 
 import keras
 import numpy as np
 
 from keras_isobn import distribution
+from keras_isobn.files import DamagedFileError
+from keras_isobn.files import atomic_link
 from keras_isobn.files import atomic_write
+from keras_isobn.files import checksum_path
+from keras_isobn.files import read_verified
+from keras_isobn.files import set_aside
+from keras_isobn.files import verified
+from keras_isobn.files import write_checksum
 
 __all__ = ["ResumableEarlyStopping", "TrainingCheckpoint"]
 
@@ -50,10 +56,14 @@ class TrainingCheckpoint(keras.callbacks.Callback):
     PyTorch, the state of torch's global random generator (which Keras's
     unseeded dropout draws from). When `monitor` improves, `best.npz` is that
     epoch's state too: a second link to the file, made before `state.npz`
-    is replaced, not a second write. With `csv_path` it then rewrites that
-    CSV file with the logs of every epoch (a `CSVLogger` that a kill cannot
-    leave with a missing or doubled row). `restore()` reads them back
-    before `fit`, `restore_best()` the best epoch's model variables.
+    is replaced, not a second write. The `keep - 1` states before stay as
+    `state-<n>.npz` (`n`: the epochs run), and every file has its SHA-256
+    checksum beside it (`<name>.sha256`). With `csv_path` it then rewrites
+    that CSV file with the logs of every epoch (a `CSVLogger` that a kill
+    cannot leave with a missing or doubled row). `restore()` reads back,
+    before `fit`, the newest state that matches its checksum (a damaged
+    one is set aside, never deleted), `restore_best()` the best epoch's
+    model variables.
 
     Args:
         directory: Folder of the checkpoint files (created if needed).
@@ -70,6 +80,8 @@ class TrainingCheckpoint(keras.callbacks.Callback):
             at each epoch end until the chief's files are complete (so
             `restore_best()` reads the epoch just saved). Defaults to
             `True`.
+        keep: The number of last states kept, `>= 1`, for a damaged newest
+            one. Defaults to 2.
 
     Attributes:
         epochs: List of dicts, the logs of the epochs run so far (restored
@@ -99,11 +111,20 @@ class TrainingCheckpoint(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, directory, monitor=None, mode="max", csv_path=None, write=True
+        self,
+        directory,
+        monitor=None,
+        mode="max",
+        csv_path=None,
+        write=True,
+        keep=2,
     ):
         super().__init__()
         if mode not in ("max", "min"):
             raise ValueError(f'`mode` must be "max" or "min". Received: {mode}')
+        if int(keep) != keep or keep < 1:
+            raise ValueError(f"`keep` must be an integer >= 1, not {keep}.")
+        self.keep = int(keep)
         self.directory = directory
         self.monitor = monitor
         self.mode = mode
@@ -154,11 +175,29 @@ class TrainingCheckpoint(keras.callbacks.Callback):
             return False
         return len(self.epochs) - 1 - self.best_epoch() >= patience
 
+    def state_paths(self):
+        """The saved states, newest first: `state.npz`, then `state-<n>.npz`
+        (`n`: the epochs it holds)."""
+        numbered = []
+        if os.path.isdir(self.directory):
+            for name in os.listdir(self.directory):
+                if match := re.fullmatch(r"state-(\d+)\.npz", name):
+                    numbered.append((int(match[1]), name))
+        newest = [self.state_path] if os.path.exists(self.state_path) else []
+        return newest + [
+            os.path.join(self.directory, name)
+            for _, name in sorted(numbered, reverse=True)
+        ]
+
     def restore(self, model):
         """Restores the state of the last completed epoch, if saved.
 
         Call it after `compile()`, before `fit`. The optimizer is built
-        first if it is not.
+        first if it is not. It takes the newest state that matches its
+        checksum; newer ones, damaged, are set aside (`<name>.damaged`,
+        with a line on standard error), and training goes on from the
+        epoch of the state taken, as if it had stopped there: `epochs`
+        and the CSV file are those of that epoch.
 
         Args:
             model: The compiled model, built as when the state was saved.
@@ -166,20 +205,48 @@ class TrainingCheckpoint(keras.callbacks.Callback):
         Returns:
             The logs of the epochs already run (`self.epochs`); empty if
             there is no saved state.
+
+        Raises:
+            DamagedFileError: if states are saved but none is whole. No
+                file is changed then.
         """
         self.epochs = []
         self._torch_rng = None
-        if os.path.exists(self.state_path):
-            with np.load(self.state_path) as state:
-                self.epochs = json.loads(str(state["epochs"]))
-                _assign(
-                    _state_variables(model),
-                    [state[f"v{i}"] for i in range(int(state["count"]))],
-                    self.state_path,
+        damaged = []
+        for path in self.state_paths():
+            try:
+                state = read_verified(path, _read_arrays, repair=False)
+                break
+            except FileNotFoundError:  # Set aside by the chief meanwhile.
+                continue
+            except DamagedFileError as error:
+                damaged.append((path, error.reason))
+        else:
+            if damaged:
+                raise DamagedFileError(
+                    f"No saved state in {self.directory} is whole: "
+                    + "; ".join(f"{p}: {reason}" for p, reason in damaged)
+                    + ". Nothing was changed; to start the run afresh, move "
+                    f"{os.path.dirname(self.directory) or '.'} away.",
+                    [p for p, _ in damaged],
                 )
-                if "torch_rng" in state:
-                    self._torch_rng = state["torch_rng"]
-            self._write_csv()
+            return self.epochs
+        if self.write:
+            for damaged_path, reason in damaged:
+                set_aside(damaged_path, reason)
+            if not os.path.exists(checksum_path(path)):  # From before.
+                write_checksum(path)
+        self.epochs = json.loads(str(state["epochs"]))
+        _assign(
+            _state_variables(model),
+            [state[f"v{i}"] for i in range(int(state["count"]))],
+            path,
+        )
+        self._torch_rng = state.get("torch_rng")
+        if self.write and self.csv_path and os.path.exists(self.csv_path):
+            if not verified(self.csv_path):
+                set_aside(self.csv_path)
+        self._write_csv()
         return self.epochs
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -194,15 +261,46 @@ class TrainingCheckpoint(keras.callbacks.Callback):
             self._torch_rng = None
 
     def restore_best(self, model):
-        """Sets the model variables to those of the best epoch."""
-        with np.load(self.best_path) as best:
-            key = "model_count" if "model_count" in best else "count"
-            count = int(best[key])
-            _assign(
-                model.variables,
-                [best[f"v{i}"] for i in range(count)],
-                self.best_path,
+        """Sets the model variables to those of the best epoch.
+
+        From `best.npz`; if it is damaged (set aside), from a kept state
+        of that epoch.
+
+        Raises:
+            DamagedFileError: if no whole file holds the best epoch.
+        """
+        count = None if self.best_epoch() is None else self.best_epoch() + 1
+        tried = []
+        others = self.state_paths() if count is not None else []
+        for path in [self.best_path] + others:
+            if not os.path.exists(path) or (
+                path != self.best_path and _epochs_in(path) != count
+            ):
+                continue
+            try:
+                best = read_verified(path, _read_arrays, repair=self.write)
+            except FileNotFoundError:  # Set aside by the chief meanwhile.
+                continue
+            except DamagedFileError as error:
+                tried.append(f"{path}: {error.reason}")
+                continue
+            if count is None or len(json.loads(str(best["epochs"]))) == count:
+                break
+            tried.append(f"{path}: not the best epoch's state")
+        else:
+            tried = tried or [f"{self.best_path}: missing"]
+            raise DamagedFileError(
+                f"No whole file in {self.directory} holds the best epoch "
+                f"({'; '.join(tried)}). Nothing was deleted; to run it "
+                f"again, move {os.path.dirname(self.directory) or '.'} away.",
+                [self.best_path],
             )
+        key = "model_count" if "model_count" in best else "count"
+        _assign(
+            model.variables,
+            [best[f"v{i}"] for i in range(int(best[key]))],
+            path,
+        )
 
     def on_epoch_end(self, epoch, logs=None):
         row = {"epoch": epoch}
@@ -223,15 +321,44 @@ class TrainingCheckpoint(keras.callbacks.Callback):
 
             extra["torch_rng"] = torch.get_rng_state().numpy()
         if self.write:
-            _save(
-                self.state_path,
-                _state_variables(self.model),
-                self.epochs,
-                also=self.best_path if best else None,
-                **extra,
-            )
+            self._save(_state_variables(self.model), best, extra)
             self._write_csv()
         distribution.barrier(f"checkpoint {self.directory} {epoch}")
+
+    def _save(self, variables, best, extra):
+        """Writes `state.npz` (and `best.npz` when `best`), keeping the last
+        `keep` states: the one it replaces stays as `state-<n>.npz`."""
+        count = len(self.epochs)
+        previous = _epochs_in(self.state_path)
+        if self.keep > 1 and previous is not None and previous < count:
+            atomic_link(
+                self.state_path,
+                os.path.join(self.directory, f"state-{previous}.npz"),
+            )
+        arrays = {
+            f"v{i}": keras.ops.convert_to_numpy(variable)
+            for i, variable in enumerate(variables)
+        }
+
+        def write(temporary):
+            np.savez(
+                temporary,
+                count=len(arrays),
+                epochs=json.dumps(self.epochs),
+                **arrays,
+                **extra,
+            )
+            if best:  # In place before `state.npz` says it is the best.
+                atomic_link(temporary, self.best_path)
+
+        atomic_write(self.state_path, write)
+        numbered = self.state_paths()[1:]
+        kept = [p for p in numbered if _number(p) < count][: self.keep - 1]
+        for path in numbered:
+            if path not in kept:
+                for name in (path, checksum_path(path)):
+                    if os.path.exists(name):
+                        os.remove(name)
 
     def _write_csv(self):
         if self.csv_path is None or not self.epochs or not self.write:
@@ -286,36 +413,25 @@ def _to_float(value):
     return float(keras.ops.convert_to_numpy(value))
 
 
-def _save(path, variables, epochs=(), also=None, **extra):
-    """Writes the variables (logs, extra arrays) to `path`, atomically.
-
-    With `also`, the file is also at that path (a hard link, or a copy where
-    the file system has none), put there before `path` is replaced.
-    """
-    arrays = {
-        f"v{i}": keras.ops.convert_to_numpy(variable)
-        for i, variable in enumerate(variables)
-    }
-
-    def write(temporary):
-        np.savez(
-            temporary,
-            count=len(arrays),
-            epochs=json.dumps(list(epochs)),
-            **arrays,
-            **extra,
-        )
-        if also is not None:
-            atomic_write(also, functools.partial(_link, temporary))
-
-    atomic_write(path, write)
+def _read_arrays(path):
+    """Every array of the `.npz` file at `path`, read whole (so that a
+    torn file raises)."""
+    with np.load(path) as state:
+        return {name: state[name] for name in state.files}
 
 
-def _link(source, path):
+def _epochs_in(path):
+    """The number of epochs whose logs the state at `path` holds, or
+    `None` if there is none or it cannot be read."""
     try:
-        os.link(source, path)
-    except OSError:  # No hard links here (e.g. FAT, some network drives).
-        shutil.copyfile(source, path)
+        with np.load(path) as state:
+            return len(json.loads(str(state["epochs"])))
+    except Exception:  # A missing or damaged file: no epochs to count.
+        return None
+
+
+def _number(path):
+    return int(re.fullmatch(r"state-(\d+)\.npz", os.path.basename(path))[1])
 
 
 def _assign(variables, values, path):
@@ -329,4 +445,3 @@ def _assign(variables, values, path):
         )
     for variable, value in zip(variables, values):
         variable.assign(value)
-

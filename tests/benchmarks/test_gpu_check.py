@@ -2,7 +2,7 @@
 
 The runner must work on a GPU host that has no TensorFlow: it runs here
 in subprocesses where `import tensorflow` fails (a `sitecustomize` that
-sets `sys.modules["tensorflow"] = None`), through `gpu_check.sh` itself.
+sets `sys.modules["tensorflow"] = None`), through its own `run` command.
 """
 
 import json
@@ -19,7 +19,8 @@ from benchmarks import gpu_check
 from benchmarks import gpu_sections
 
 BACKEND = keras.backend.backend()
-SCRIPT = os.path.join(os.path.dirname(gpu_check.__file__), "gpu_check.sh")
+REPO_ROOT = os.path.dirname(os.path.dirname(gpu_check.__file__))
+CHECK = [sys.executable, "-m", "benchmarks.gpu_check"]
 SIZES = ["--train-examples", "48", "--dev-examples", "24",
          "--sequence-length", "16"]
 
@@ -49,9 +50,9 @@ def without_tensorflow(tmp_path_factory):
     )
     env = dict(os.environ, KERAS_BACKEND=BACKEND)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(folder)] + [p for p in [env.get("PYTHONPATH")] if p]
+        [str(folder), REPO_ROOT]
+        + [p for p in [env.get("PYTHONPATH")] if p]
     )
-    env["PYTHON"] = sys.executable
     blocked = subprocess.run(
         [sys.executable, "-c", "import tensorflow"], env=env,
         capture_output=True, text=True,
@@ -185,12 +186,12 @@ def test_bundle_errors_name_the_problem(tmp_path, bundle):
 
 
 def test_script_usage_and_bad_bundle(tmp_path):
-    shown = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True,
+    shown = subprocess.run([*CHECK, "--help"], capture_output=True,
                            text=True)
     assert shown.returncode == 0
     assert "bundle GLUE_DIR OUT" in shown.stdout and "run OUT" in shown.stdout
     for argv in ([], ["bundle"], ["run", str(tmp_path / "nowhere")]):
-        done = subprocess.run(["bash", SCRIPT, *argv], capture_output=True,
+        done = subprocess.run([*CHECK, *argv], capture_output=True,
                               text=True)
         assert done.returncode == 2, argv
     assert "is not a bundle" in done.stderr
@@ -201,8 +202,8 @@ def test_runner_refuses_tensorflow_and_runs_without_it(
 ):
     if BACKEND == "tensorflow":  # A bare GPU host has no TensorFlow.
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.gpu_check", "run", bundle[0],
-             "--output", str(tmp_path), "--small"],
+            [*CHECK, "part", bundle[0], "--output", str(tmp_path),
+             "--small"],
             capture_output=True, text=True, env=dict(os.environ),
         )
         assert done.returncode != 0
@@ -210,7 +211,7 @@ def test_runner_refuses_tensorflow_and_runs_without_it(
         return
     output = tmp_path / "out"
     done = subprocess.run(
-        ["bash", SCRIPT, "run", bundle[0], "--small", "--backends", BACKEND,
+        [*CHECK, "run", bundle[0], "--small", "--backends", BACKEND,
          "--no-hf", "--output", str(output)],
         env=without_tensorflow, capture_output=True, text=True,
         cwd=str(tmp_path),
@@ -218,7 +219,7 @@ def test_runner_refuses_tensorflow_and_runs_without_it(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "gpu_check: PASS" in done.stdout
     assert sorted(os.listdir(output)) == [
-        "gpu_check.json", f"part_{BACKEND}.json"
+        "gpu_check.json", "gpu_check.md", f"part_{BACKEND}.json"
     ]
     with open(output / "gpu_check.json") as f:
         payload = json.load(f)

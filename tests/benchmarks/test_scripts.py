@@ -8,9 +8,9 @@ import keras
 import pytest
 
 from benchmarks import distributed_step
+from benchmarks import end_to_end
 from benchmarks import import_cost
 from benchmarks import layer_cost
-from benchmarks import report
 from benchmarks import run
 
 BACKEND = keras.backend.backend()
@@ -91,16 +91,24 @@ def test_import_cost_compares_keras_and_keras_isobn(suite):
     )
 
 
-def test_report_summarises_every_benchmark(suite):
+def test_each_benchmark_writes_its_tables_and_goals(suite):
     folder, markdown = suite
-    assert markdown == os.path.join(folder, "README.md")
-    with open(markdown) as f:
-        text = f.read()
-    for heading in ("## Goals", "## Layer cost", "## End to end",
-                    "## Import cost", "## Machines"):
-        assert heading in text
-    assert f"layer_cost_{BACKEND}_quick.json" in text
-    assert "import_cost_quick.json" in text
+    expected = {
+        f"layer_cost_{BACKEND}_quick.md": "## Where IsoBN's train time goes",
+        f"end_to_end_{BACKEND}_quick.md": "## Classifiers",
+        "import_cost_quick.md": "## Backends",
+    }
+    assert sorted(markdown) == sorted(
+        os.path.join(folder, name) for name in expected
+    )
+    for name, heading in expected.items():
+        with open(os.path.join(folder, name)) as f:
+            text = f.read()
+        for part in ("## Goals", heading, "Machine: "):
+            assert part in text, name
+        with open(os.path.join(folder, name[:-3] + ".json")) as f:
+            goals = json.load(f)["goals"]
+        assert goals and all(g["measured"] in text for g in goals), name
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="no data-parallel engine")
@@ -125,11 +133,13 @@ def test_distributed_step_times_every_head(tmp_path):
     (5e-5, "met by the layer alone"),
     (2e-3, "**missed** by the layer alone on jax minilm (0.200%)"),
 ])
-def test_report_checks_the_layer_alone_against_the_target(layer_s, expected):
+def test_end_to_end_checks_the_layer_alone_against_the_target(
+    layer_s, expected
+):
     # A paired timing inside its noise defers to the layer's own time over
     # the classifier's step, which must itself be under the target.
     ratio = {"median": 1.02, "q1": 0.97, "q3": 1.07}
-    e2e = [{
+    e2e = {
         "environment": {"backend": "jax"},
         "results": [{
             "model": "minilm", "hidden_dim": 8,
@@ -137,13 +147,13 @@ def test_report_checks_the_layer_alone_against_the_target(layer_s, expected):
             "inference_ratio_control_to_none": ratio,
             "inference": {"none": {"median_s": 1.0}},
         }],
-    }]
-    layer_cost = [{
+    }
+    layer_cost = {
         "environment": {"backend": "jax"},
         "results": [{"mode": "inference", "method": "isobn", "dim": 8,
                      "dtype": "float32", "median_s": layer_s}],
-    }]
-    measured, status = report.classifier_goal(
+    }
+    measured, status = end_to_end.classifier_goal(
         e2e, layer_cost, "inference", 0.001
     )
     assert status == "not resolved by the paired timing; " + expected

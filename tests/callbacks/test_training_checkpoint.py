@@ -1,7 +1,9 @@
 import csv
+import errno
 import json
 import math
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -10,6 +12,9 @@ import pytest
 from keras_isobn.batching import SeededBatches
 from keras_isobn.callbacks import ResumableEarlyStopping
 from keras_isobn.callbacks import TrainingCheckpoint
+from keras_isobn.files import DamagedFileError
+from keras_isobn.files import DiskFullError
+from keras_isobn.files import verified
 from tests.helpers.scored_training import Scores
 from tests.helpers.scored_training import fit_scored
 from tests.helpers.scored_training import isobn_model
@@ -101,7 +106,7 @@ def test_a_checkpoint_that_does_not_write(tmp_path):
     fit_scored(model, [scores, writer], epochs=2)
     reader.restore(isobn_model())  # Reads the writer's state, writes no CSV.
     assert reader.epochs == writer.epochs
-    assert sorted(os.listdir(tmp_path)) == ["c", "state"]
+    assert sorted(os.listdir(tmp_path)) == ["c", "c.sha256", "state"]
     restored = isobn_model()
     reader.restore_best(restored)
     for want, got in zip(scores.weights[1], variable_values(restored.variables)):
@@ -278,3 +283,130 @@ def test_resumable_early_stopping_stops_where_plain_early_stopping_does(
         assert resumed.epoch == list(range(cut, 6)), cut
         assert checkpoint.finished(10, patience=2)
         assert [row["epoch"] for row in checkpoint.epochs] == plain.epoch
+
+
+def _damage(path):
+    with open(path, "r+b") as file:
+        file.truncate(100)
+
+
+def test_keeps_the_last_states_with_checksums(tmp_path):
+    checkpoint = TrainingCheckpoint(str(tmp_path), monitor="score")
+    fit_scored(isobn_model(), [Scores([0.5, 0.1, 0.2, 0.3]), checkpoint], 4)
+    assert sorted(os.listdir(tmp_path)) == [
+        "best.npz",
+        "best.npz.sha256",
+        "state-3.npz",
+        "state-3.npz.sha256",
+        "state.npz",
+        "state.npz.sha256",
+    ]
+    assert checkpoint.state_paths() == [
+        checkpoint.state_path,
+        str(tmp_path / "state-3.npz"),
+    ]
+    three = TrainingCheckpoint(str(tmp_path / "three"), keep=3)
+    fit_scored(isobn_model(), [three], epochs=4)
+    names = [os.path.basename(p) for p in three.state_paths()]
+    assert names == ["state.npz", "state-3.npz", "state-2.npz"]
+    one = TrainingCheckpoint(str(tmp_path / "one"), keep=1)
+    fit_scored(isobn_model(), [one], epochs=2)
+    assert one.state_paths() == [one.state_path]
+    for keep in (0, 1.5):
+        with pytest.raises(ValueError, match="keep"):
+            TrainingCheckpoint(str(tmp_path), keep=keep)
+
+
+def test_a_damaged_newest_state_resumes_from_the_one_before(tmp_path, capsys):
+    csv_path = str(tmp_path / "epochs.csv")
+    directory = str(tmp_path / "state")
+    kwargs = dict(monitor="loss", mode="min")
+    straight = TrainingCheckpoint(str(tmp_path / "straight"), **kwargs)
+    model = isobn_model()
+    _fit(model, straight, epochs=3)
+    first = TrainingCheckpoint(directory, csv_path=csv_path, **kwargs)
+    _fit(isobn_model(), first, epochs=3, stop_at=2)
+    _damage(first.state_path)  # Epoch 1's state (and best.npz, its link).
+
+    checkpoint = TrainingCheckpoint(directory, csv_path=csv_path, **kwargs)
+    resumed = isobn_model()
+    assert [row["epoch"] for row in checkpoint.restore(resumed)] == [0]
+    assert checkpoint.best_epoch() == 0  # The best of the epochs restored.
+    with open(csv_path) as file:  # Rolled back too.
+        assert [row["epoch"] for row in csv.DictReader(file)] == ["0"]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"Warning: {first.state_path} is damaged")
+    assert os.path.exists(first.state_path + ".damaged")
+    _fit(resumed, checkpoint, epochs=3, initial_epoch=1)
+    assert checkpoint.epochs == straight.epochs
+    assert checkpoint.best_epoch() == straight.best_epoch()
+    checkpoint.restore_best(resumed)
+    straight.restore_best(model)
+    for want, got in zip(
+        variable_values(model.variables), variable_values(resumed.variables)
+    ):
+        np.testing.assert_array_equal(got, want)
+    assert os.path.exists(first.state_path + ".damaged")  # Still kept.
+
+
+def test_no_whole_state_raises_and_changes_nothing(tmp_path):
+    checkpoint = TrainingCheckpoint(str(tmp_path / "state"))
+    fit_scored(isobn_model(), [checkpoint], epochs=2)
+    for path in checkpoint.state_paths():
+        _damage(path)
+    before = sorted(os.listdir(tmp_path / "state"))
+    with pytest.raises(DamagedFileError) as info:
+        TrainingCheckpoint(str(tmp_path / "state")).restore(isobn_model())
+    assert "No saved state" in str(info.value)
+    assert info.value.paths == checkpoint.state_paths()
+    assert "state-1.npz" in str(info.value) and "move" in str(info.value)
+    assert sorted(os.listdir(tmp_path / "state")) == before
+
+
+def test_a_state_from_before_checksums_is_taken(tmp_path):
+    checkpoint = TrainingCheckpoint(str(tmp_path))
+    fit_scored(isobn_model(), [checkpoint], epochs=2)
+    os.remove(checkpoint.state_path + ".sha256")
+    again = TrainingCheckpoint(str(tmp_path))
+    assert len(again.restore(isobn_model())) == 2
+    assert os.path.exists(checkpoint.state_path + ".sha256")
+
+
+def test_a_damaged_best_state_is_taken_from_a_kept_state(tmp_path):
+    directory = str(tmp_path / "state")
+    checkpoint = TrainingCheckpoint(directory, monitor="score", keep=3)
+    scores = Scores([0.1, 0.3, 0.2])
+    fit_scored(isobn_model(), [scores, checkpoint], epochs=3)
+    # best.npz written again (e.g. copied back from a backup), then damaged.
+    best_path = checkpoint.best_path
+    shutil.copyfile(best_path, best_path + ".copy")
+    os.replace(best_path + ".copy", best_path)
+    _damage(best_path)
+    model = isobn_model()
+    checkpoint.restore_best(model)  # From state-2.npz.
+    for want, got in zip(scores.weights[1], variable_values(model.variables)):
+        np.testing.assert_array_equal(got, want)
+    assert os.path.exists(best_path + ".damaged")
+    # Without it: one error naming the file.
+    os.remove(os.path.join(directory, "state-2.npz"))
+    with pytest.raises(DamagedFileError, match="best epoch"):
+        checkpoint.restore_best(model)
+
+
+def test_a_full_disk_keeps_the_last_state(tmp_path, monkeypatch):
+    checkpoint = TrainingCheckpoint(str(tmp_path))
+    model = isobn_model()
+    fit_scored(model, [checkpoint], epochs=1)
+    with open(checkpoint.state_path, "rb") as file:
+        before = file.read()
+
+    def full(path, **arrays):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(DiskFullError, match="disk is full"):
+        fit_scored(model, [checkpoint], epochs=2, initial_epoch=1)
+    with open(checkpoint.state_path, "rb") as file:
+        assert file.read() == before
+    assert verified(checkpoint.state_path)
+    assert not any("partial" in name for name in os.listdir(tmp_path))
