@@ -63,12 +63,8 @@ PAPER_DEFAULTS = dict(
 # statistics the first steps blow up (experiments/anisotropy_lab/ shows it
 # on a pretrained encoder).
 SAMPLE_DEFAULTS = dict(
-    task=["sst2", "stsb"],
-    norm=["none", "batchnorm", "isobn"],
-    max_sequence_length=40,
-    batch_size=32,
-    learning_rate=3e-3,
-    epochs=4,
+    task=["sst2", "stsb"], norm=["none", "batchnorm", "isobn"],
+    max_sequence_length=40, batch_size=32, learning_rate=3e-3, epochs=4,
     seeds=[1],
 )
 PRESET_HELP = (
@@ -182,6 +178,9 @@ def parse_args(argv=None):
     add("--no-report", action="store_true", help="Write no report.")
     add("--verbose", type=int, default=2, help="Keras fit verbosity.")
     args = parser.parse_args(argv)
+    for name, value in vars(args).items():  # 3.11 parses `--epochs=--` to [].
+        if value == []:
+            parser.error(f"--{name.replace('_', '-')} needs a value.")
 
     defaults = PAPER_DEFAULTS if args.preset else SAMPLE_DEFAULTS
     for name, value in defaults.items():

@@ -231,7 +231,7 @@ def measure(args):
     )
 
 
-def markdown(payload):
+def markdown(payload, path=None):
     """The table of a run: failed trials per method, inputs and dtype."""
     backend = payload["environment"]["backend"]
     columns, cells, errors = [], {}, []
