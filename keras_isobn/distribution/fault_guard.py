@@ -38,7 +38,8 @@ def stop_cluster_on_error():
     shutdown_timeout_seconds=...)`, which `keras.distribution.initialize()`
     does not pass on), but by aborting them. Measured with JAX 0.10.2 on
     CPUs (gloo), 2 processes on the loopback, one killed with `SIGKILL`
-    while both loop on a cross-process all-gather:
+    while both loop on a cross-process all-gather
+    (`experiments/reproductions/jax_heartbeat.py`):
 
     | Survivor's guard                    | Exits after | Status | Says       |
     |-------------------------------------|-------------|--------|------------|
