@@ -1,27 +1,19 @@
 """Data-parallel train steps of a small IsoBN classifier.
 
-Devices (the default): one process, 1, 2 and 4 devices, per head.
-
-A small random `IsoBNBertTextClassifier` is trained with `fit` under
-`data_parallel_scope()` on 1, 2 and 4 (virtual CPU) devices, the global
-batch fixed, per head of `HEADS` (`_sync`: global-batch statistics). The
-step time is the median interval between step ends over `--rounds`
-epochs per head, in alternation, after a compiling epoch. Virtual devices
-share the cores: the times show the cost of replication and all-reduces,
-not a speed-up. PyTorch has no data-parallel engine here.
+Devices (the default): a small random `IsoBNBertTextClassifier` trained
+with `fit` under `data_parallel_scope()` on 1, 2 and 4 (virtual CPU)
+devices in one process, the global batch fixed, per head of `HEADS`
+(`_sync`: global-batch statistics); the median interval between step ends
+over `--rounds` epochs per head, in alternation, after a compiling epoch.
+Virtual devices share the cores: the times show the cost of replication
+and all-reduces, not a speed-up. PyTorch has no data-parallel engine here.
 
 Processes (`--processes`, JAX): the small built-in BERT classifier with
-IsoBN (`models.small_bert_text_classifier`), global batch 32, as one
-process x 32 rows, 2 processes x 16 (a cluster on 127.0.0.1 as
-`python -m keras_isobn.launch` starts it, under
-`data_parallel_scope("multi_worker")`) and one process x 16 (one share's
-compute, no collective). The collectives' time is bounded by the
-2-process step less the 1 x 16 one, and measured directly as the median
-all-reduce, across the processes, of as many floats as the gradients
-and IsoBN's statistics. Writes `multi_process.json` and `.md`.
-
-Usage: `python -m benchmarks.distributed_step [--backend jax] [--quick]
-[--processes]`.
+IsoBN, global batch 32, as 1 process x 32 rows, 2 processes x 16 (a
+cluster on 127.0.0.1, as `keras_isobn.launch` starts it) and 1 process x
+16 (one share's compute, no collective). The collectives take at most the
+2-process step less the 1 x 16 one; measured, one all-reduce of as many
+floats as the gradients and IsoBN's statistics. Writes `multi_process.*`.
 """
 
 import argparse
@@ -30,7 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import keras
 import numpy as np
@@ -38,12 +29,9 @@ import numpy as np
 from benchmarks import harness
 
 BACKENDS = ("tensorflow", "jax")
-HEADS = {
-    "tensorflow": (
-        "none", "batchnorm", "batchnorm_sync", "isobn", "isobn_sync"
-    ),
-    "jax": ("none", "batchnorm", "isobn_sync"),
-}
+HEADS = {"tensorflow": ("none", "batchnorm", "batchnorm_sync", "isobn",
+                        "isobn_sync"),
+         "jax": ("none", "batchnorm", "isobn_sync")}
 NAMES = {
     "none": "no normalization",
     "batchnorm": "BatchNormalization (unsynchronized on TF)",
@@ -51,8 +39,6 @@ NAMES = {
     "isobn": "IsoBN, each replica's own statistics",
     "isobn_sync": "IsoBN, global-batch statistics",
 }
-
-
 OPTIONS = {
     "devices": ([1, 2, 4], "Numbers of devices (replicas)."),
     "batch_size": (32, "Global batch."),
@@ -102,14 +88,11 @@ def data(args):
     length = args.sequence_length
     # int32 padding mask: Keras cannot fit bool inputs under a
     # multi-replica tf.distribute strategy.
-    padding_mask = (
-        np.arange(length)[None] < rng.integers(4, length + 1, size=(n, 1))
-    ).astype("int32")
-    x = {
-        "token_ids": rng.integers(1, 1000, size=(n, length)) * padding_mask,
-        "segment_ids": np.zeros((n, length), "int32"),
-        "padding_mask": padding_mask,
-    }
+    lengths = rng.integers(4, length + 1, size=(n, 1))
+    padding_mask = (np.arange(length)[None] < lengths).astype("int32")
+    x = {"token_ids": rng.integers(1, 1000, size=(n, length)) * padding_mask,
+         "segment_ids": np.zeros((n, length), "int32"),
+         "padding_mask": padding_mask}
     return x, rng.integers(0, 2, size=n)
 
 
@@ -134,20 +117,12 @@ def measure(args):
 
     with distribution.data_parallel_scope(devices=devices) as replicas:
         models = {head: build(head, args) for head in HEADS[backend]}
-        timed = harness.alternate(
-            {head: epoch(model) for head, model in models.items()},
-            args.rounds,
-        )
-    results = [
-        dict(
-            harness.summarize(np.concatenate(t["outputs"])),
-            backend=backend,
-            devices=replicas,
-            head=head,
-            first_epoch_s=t["compile_s"],
-        )
-        for head, t in timed.items()
-    ]
+        timed = harness.alternate({h: epoch(m) for h, m in models.items()},
+                                  args.rounds)
+    results = [dict(harness.summarize(np.concatenate(t["outputs"])),
+                    backend=backend, devices=replicas, head=head,
+                    first_epoch_s=t["compile_s"])
+               for head, t in timed.items()]
     return {"environment": harness.environment(), "results": results}
 
 
@@ -169,17 +144,14 @@ def allreduce_floats(head, backend, replicas, hidden_dim):
 
 def run_child(backend, devices, args):
     """Runs `measure` in a subprocess with its own devices; its dict."""
-    path = os.path.join(
-        args.output, f".distributed_step_{backend}_{devices}.json"
-    )
-    argv = [
-        "--child-output", path, "--backend", backend, "--devices", str(devices),
-        "--batch-size", str(args.batch_size),
-        "--hidden-dim", str(args.hidden_dim),
-        "--sequence-length", str(args.sequence_length),
-        "--steps", str(args.steps), "--rounds", str(args.rounds),
-        "--threads", str(args.threads),
-    ]
+    path = os.path.join(args.output,
+                        f".distributed_step_{backend}_{devices}.json")
+    argv = ["--child-output", path, "--backend", backend,
+            "--devices", str(devices), "--batch-size", str(args.batch_size),
+            "--hidden-dim", str(args.hidden_dim),
+            "--sequence-length", str(args.sequence_length),
+            "--steps", str(args.steps), "--rounds", str(args.rounds),
+            "--threads", str(args.threads)]
     harness.run_module(__name__, argv, backend, args.threads)
     with open(path) as f:
         result = json.load(f)
@@ -285,9 +257,8 @@ def worker(args):
             optimizer=keras.optimizers.AdamW(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
-            args.batch_size, drop_remainder=True
-        )
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        dataset = dataset.batch(args.batch_size, drop_remainder=True)
         model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
                   callbacks=[clock])
         weights = sum(int(np.prod(v.shape))
@@ -298,16 +269,15 @@ def worker(args):
         if clustered:
             allreduce = time_allreduce(weights + statistics, args.steps)
             latency = time_allreduce(1, args.steps)
-    intervals = np.diff(clock.times[args.warmup - 1:])
+    intervals = harness.summarize(np.diff(clock.times[args.warmup - 1:]))
     if distribution.is_chief():
         harness.write_json(args.worker, {
             "processes": distribution.process_count(),
             "process_batch": args.batch_size,
-            "step_ms": 1e3 * float(np.median(intervals)),
-            "step_quartiles_ms": [
-                1e3 * float(q) for q in np.percentile(intervals, [25, 75])
-            ],
-            "steps_timed": len(intervals),
+            "step_ms": 1e3 * intervals["median_s"],
+            "step_quartiles_ms": [1e3 * intervals["q1_s"],
+                                  1e3 * intervals["q3_s"]],
+            "steps_timed": intervals["count"],
             "trainable_weights": weights,
             "isobn_statistics": statistics,
             "allreduce_ms": allreduce,
@@ -332,13 +302,10 @@ def time_allreduce(size, repeats):
     array = jax.make_array_from_process_local_data(sharding, local)
     reduce = jax.jit(lambda a: a.sum(axis=0),
                      out_shardings=NamedSharding(mesh, PartitionSpec()))
-    reduce(array).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        reduce(array).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+    timed = harness.alternate(
+        {"allreduce": lambda _: reduce(array).block_until_ready()}, repeats
+    )
+    return 1e3 * float(np.median(timed["allreduce"]["times"]))
 
 
 def run_processes(processes, batch, args):
@@ -348,9 +315,8 @@ def run_processes(processes, batch, args):
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "result.json")
         command = [sys.executable, "-m", "benchmarks.distributed_step",
-                   "--worker", path,
-                   "--batch-size", str(batch), "--warmup", str(args.warmup),
-                   "--steps", str(args.steps)]
+                   "--worker", path, "--batch-size", str(batch),
+                   "--warmup", str(args.warmup), "--steps", str(args.steps)]
         env = harness.child_environment("jax")
         if processes == 1:
             done = subprocess.run(command, env=env, cwd=harness.REPO_ROOT,

@@ -1,17 +1,11 @@
 """Train-step time and peak memory of a text classifier with vs without IsoBN.
 
-For each backbone of `--models` (`minilm`: the MiniLM-L6-H384 checkpoint;
-`bert_base`: a random BERT-base-sized one; `tiny`, for `--quick`),
-`IsoBNBertTextClassifier`s are built from the same weights: one with
-IsoBN, one without and a control without (how far two identical
-classifiers differ: the noise). Compiled alike (AdamW, XLA on JAX and
-TensorFlow, eager on PyTorch) and fed the same random full-length
-batches, their `train_on_batch` steps alternate, and so do their
-`predict_on_batch` calls, beside the IsoBN classifier with its scale
-folded into the logits kernel (`keras_isobn.export.fold_normalization`).
-Peak memory: a fresh process per classifier (`VmHWM`, or the GPU's peak).
-
-Usage: `python -m benchmarks.end_to_end [--backend jax] [--models minilm]`.
+Per backbone of `--models` (`minilm`: the MiniLM-L6-H384 checkpoint;
+`bert_base`: random, BERT-base-sized), `IsoBNBertTextClassifier`s from the
+same weights, with IsoBN, without, and a control without (the noise),
+alternate `train_on_batch` steps on the same random batches, then
+`predict_on_batch` calls beside the IsoBN one with its scale folded into
+the logits kernel. Peak memory: a fresh process per classifier.
 """
 
 import argparse
@@ -53,8 +47,7 @@ def make_classifier(backbone, normalization, num_classes=2, optimizer=None,
     classifier.compile(
         optimizer=optimizer or keras.optimizers.AdamW(2e-5),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["sparse_categorical_accuracy"],
-        jit_compile=jit_compile,
+        metrics=["sparse_categorical_accuracy"], jit_compile=jit_compile,
     )
     return classifier
 
@@ -79,11 +72,8 @@ def time_steps(classifiers, batches, steps, warmup=1, train=True):
 
         return run
 
-    timed = harness.alternate(
-        {name: step(c) for name, c in classifiers.items()},
-        steps,
-        warmup=max(warmup, 1),
-    )
+    timed = harness.alternate({n: step(c) for n, c in classifiers.items()},
+                              steps, warmup=max(warmup, 1))
     results = {}
     for name, t in timed.items():
         results[name] = dict(harness.summarize(t["times"]),
@@ -101,33 +91,24 @@ def analytic_share(backbone, batch_size, sequence_length):
     """
     d, layers = backbone.hidden_dim, backbone.num_layers
     tokens = batch_size * sequence_length
-    embedding = sum(
-        int(np.prod(w.shape))
-        for layer in backbone.layers
-        if "embedding" in layer.name
-        for w in layer.weights
-    )
+    embedding = sum(int(np.prod(w.shape)) for layer in backbone.layers
+                    if "embedding" in layer.name for w in layer.weights)
     weights = backbone.count_params() - embedding
     forward = 2 * weights * tokens + 4 * layers * sequence_length * d * tokens
     isobn = 2 * batch_size * d * d + 10 * d * d
-    return {
-        "isobn_flops": isobn,
-        "classifier_train_step_flops": 3 * forward,
-        "share": isobn / (3 * forward),
-    }
+    return {"isobn_flops": isobn, "classifier_train_step_flops": 3 * forward,
+            "share": isobn / (3 * forward)}
 
 
 def measure_memory(args, model, normalization):
     """Peak memory of one classifier's train steps, in a fresh process."""
-    argv = [
-        "--memory-probe", f"{model}:{normalization}",
-        "--batch-size", str(args.batch_size),
-        "--sequence-length", str(args.sequence_length),
-        "--threads", str(args.threads),
-    ] + (["--eager"] if args.eager else [])
-    stdout = harness.run_module(
-        "benchmarks.end_to_end", argv, keras.backend.backend(), args.threads
-    )
+    argv = ["--memory-probe", f"{model}:{normalization}",
+            "--batch-size", str(args.batch_size),
+            "--sequence-length", str(args.sequence_length),
+            "--threads", str(args.threads)]
+    argv += ["--eager"] if args.eager else []
+    stdout = harness.run_module("benchmarks.end_to_end", argv,
+                                keras.backend.backend(), args.threads)
     return json.loads(stdout.strip().splitlines()[-1])
 
 
@@ -136,13 +117,11 @@ def memory_probe(args):
     model, normalization = args.memory_probe.split(":")
     backbone = make_backbone(model)
     classifier = make_classifier(
-        backbone,
-        None if normalization == "none" else normalization,
+        backbone, None if normalization == "none" else normalization,
         jit_compile=False if args.eager else None,
     )
-    batches = harness.random_batches(
-        backbone.vocabulary_size, args.batch_size, args.sequence_length, 1
-    )
+    batches = harness.random_batches(backbone.vocabulary_size,
+                                     args.batch_size, args.sequence_length, 1)
     reset_device_peak()
     before = current_rss_bytes()
     for _ in range(2):  # The first compiles, the second reuses.
@@ -163,14 +142,13 @@ def current_rss_bytes():
 
 def reset_device_peak():
     """Resets the GPU's peak-memory counter where the backend has one."""
-    backend = keras.backend.backend()
     if not on_gpu():
         return
-    if backend == "torch":
+    if keras.backend.backend() == "torch":
         import torch
 
         torch.cuda.reset_peak_memory_stats()
-    elif backend == "tensorflow":
+    elif keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         tf.config.experimental.reset_memory_stats("GPU:0")
@@ -201,44 +179,37 @@ def measure_model(args, model):
 
     normalizations = {"none": None, "isobn": "isobn"}
     if not args.no_control:
-        # A second classifier without IsoBN: its difference to the first
-        # is the noise floor of the comparison.
         normalizations["none_control"] = None
     jit_compile = False if args.eager else None
     classifiers = {
-        name: make_classifier(
-            make_backbone(model), normalization, jit_compile=jit_compile
-        )
+        name: make_classifier(make_backbone(model), normalization,
+                              jit_compile=jit_compile)
         for name, normalization in normalizations.items()
     }
     backbone = classifiers["isobn"].backbone
-    batches = harness.random_batches(
-        backbone.vocabulary_size, args.batch_size, args.sequence_length, 2
-    )
+    batches = harness.random_batches(backbone.vocabulary_size,
+                                     args.batch_size, args.sequence_length, 2)
     train = time_steps(classifiers, batches, args.steps, args.warmup)
     folded = fold_normalization(classifiers["isobn"])
-    inference = time_steps(
-        dict(classifiers, isobn_folded=folded), batches,
-        args.inference_steps, args.warmup, train=False,
-    )
+    inference = time_steps(dict(classifiers, isobn_folded=folded), batches,
+                           args.inference_steps, args.warmup, train=False)
     logits, folded_logits = (
         keras.ops.convert_to_numpy(m.predict_on_batch(batches[0][0]))
         for m in (classifiers["isobn"], folded)
     )
+    difference = np.abs(logits.astype("float64") - folded_logits)
 
-    def ratio(timings, name):
-        """Paired ratio of `name` to the first classifier without IsoBN."""
+    def ratio(timings, name):  # To the first classifier without IsoBN.
         if name not in timings:
             return None
         return harness.paired_ratio(timings[name], timings["none"])
 
+    isobn_state = classifiers["isobn"].normalization.non_trainable_variables
     result = {
-        "model": model,
-        "hidden_dim": backbone.hidden_dim,
+        "model": model, "hidden_dim": backbone.hidden_dim,
         "num_layers": backbone.num_layers,
         "params": classifiers["isobn"].count_params(),
-        "train": train,
-        "inference": inference,
+        "train": train, "inference": inference,
         "train_ratio_isobn_to_none": ratio(train, "isobn"),
         "train_ratio_control_to_none": ratio(train, "none_control"),
         "inference_ratio_isobn_to_none": ratio(inference, "isobn"),
@@ -247,20 +218,14 @@ def measure_model(args, model):
         "folded": {
             "has_normalization": folded.normalization is not None,
             "layers": [layer.__class__.__name__ for layer in folded.layers],
-            "layers_without_isobn": [
-                layer.__class__.__name__
-                for layer in classifiers["none"].layers
-            ],
-            "max_abs_logit_difference": float(
-                np.max(np.abs(logits.astype("float64") - folded_logits))
-            ),
+            "layers_without_isobn": [layer.__class__.__name__
+                                     for layer in classifiers["none"].layers],
+            "max_abs_logit_difference": float(np.max(difference)),
         },
         "analytic": analytic_share(backbone, args.batch_size,
                                    args.sequence_length),
-        "isobn_state_bytes": sum(
-            int(np.prod(v.shape)) * 4
-            for v in classifiers["isobn"].normalization.non_trainable_variables
-        ),
+        "isobn_state_bytes": sum(int(np.prod(v.shape)) * 4
+                                 for v in isobn_state),
     }
     if not args.no_memory:
         # The control's probe is the one without IsoBN again: how much two
@@ -285,13 +250,11 @@ def measure(args):
         print(f"[end_to_end] {backend} {model}: {times}; paired ratio "
               f"{result['train_ratio_isobn_to_none']['median']:.4f}",
               file=sys.stderr, flush=True)
-    settings = dict(
-        models=args.models, batch_size=args.batch_size,
-        sequence_length=args.sequence_length, steps=args.steps,
-        inference_steps=args.inference_steps, warmup=args.warmup,
-        threads=args.threads, compiled="eager"
-        if backend == "torch" or args.eager else "jit_compile=True",
-    )
+    names = ("models", "batch_size", "sequence_length", "steps",
+             "inference_steps", "warmup", "threads")
+    settings = {name: getattr(args, name) for name in names}
+    eager = backend == "torch" or args.eager
+    settings["compiled"] = "eager" if eager else "jit_compile=True"
     return harness.write_results(args, "end_to_end", settings, results,
                                  markdown=markdown, goals=goals)
 
@@ -317,9 +280,8 @@ def overhead_status(ratio, control, target):
 def classifier_goal(payload, layer_payload, mode, target, models=None):
     """The cells `(measured, status)` of a classifier-overhead goal.
 
-    A paired timing within its noise defers to the layer's own time, from
-    `layer_payload` (the layer-cost run of the same backend, or `None`),
-    over the classifier's step.
+    A paired timing within its noise defers to the layer's own time over
+    the classifier's step.
 
     Args:
         payload: An end-to-end run.
@@ -328,11 +290,10 @@ def classifier_goal(payload, layer_payload, mode, target, models=None):
         target: The largest overhead that meets the goal, e.g. `0.01`.
         models: The backbones counted (default: all).
     """
+    from benchmarks import layer_cost
+
     backend = payload["environment"]["backend"]
-    layer = {}
-    if layer_payload:
-        layer = {(r["mode"], r["method"], r["dim"], r["dtype"]): r["median_s"]
-                 for r in layer_payload["results"]}
+    layer = layer_cost.index(layer_payload) if layer_payload else {}
     measured, statuses, over = [], [], []
     for r in payload["results"]:
         if models and r["model"] not in models:
@@ -388,14 +349,12 @@ def goals(payload, path):
         same = (folded["layers"] == folded["layers_without_isobn"]
                 and not folded["has_normalization"])
         same_everywhere &= same
-        measured.append(
-            f"{r['model']}: "
-            + ("the same layers as without IsoBN" if same
-               else "a normalization is left")
-            + f", logits within {folded['max_abs_logit_difference']:.0e}"
-            + ", timed "
-            + percent(r["inference_ratio_folded_to_none"]["median"])
-        )
+        layers = ("the same layers as without IsoBN" if same
+                  else "a normalization is left")
+        difference = folded["max_abs_logit_difference"]
+        timed = percent(r["inference_ratio_folded_to_none"]["median"])
+        measured.append(f"{r['model']}: {layers}, logits within "
+                        f"{difference:.0e}, timed {timed}")
     result.append({"name": "Same, export with the scale folded into the "
                    "kernel", "target": "0", "measured": "; ".join(measured),
                    "status": harness.status(same_everywhere)})

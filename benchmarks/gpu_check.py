@@ -1,24 +1,10 @@
 """The GPU check of keras-isobn, for a GPU host without TensorFlow.
 
 A rented GPU box has JAX and/or PyTorch but no TensorFlow, Keras,
-KerasHub or network. Commands:
-
-- `bundle GLUE_DIR OUT`: on a CPU machine with this package, writes OUT
-  (<= 60 MB: SST-2 token ids, the MiniLM checkpoint in float16, wheels of
-  keras and keras-hub; options: `python -m benchmarks.gpu_bundle --help`);
-- `run OUT`: on the GPU host, from this repository, installs the bundle's
-  wheels into OUT/site, then runs, each in a fresh process, `part` per
-  backend, `hf` (when `transformers` is there) and `merge`; exit code 0
-  when all checks pass;
-- `part BUNDLE`: on `KERAS_BACKEND`, the sections of `--sections` (see
-  `gpu_sections`: fine-tuning and bfloat16 checks, throughput, numerics),
-  each saved to `part_<backend>.json` as it ends;
-- `hf BUNDLE`: Hugging Face `Trainer` fine-tunes the same checkpoint on
-  the same token ids, batch, steps and schedule (`part_hf.json`);
-- `merge DIR`: the parts into `gpu_check.json` and `.md`; one PASS/FAIL
-  line per check, the goals and a summary.
-
-`--small` shrinks it to run on a CPU in a minute (with a tiny bundle).
+KerasHub or network: `bundle` writes all the check needs on a CPU
+machine with this package, `run` runs it on the GPU host from this
+repository (exit code 0 when all checks pass). `--small` shrinks it to
+run on a CPU in a minute (with a tiny bundle).
 """
 
 import argparse
@@ -49,11 +35,25 @@ FULL_TORCH = dict(fit_block_steps=40, fit_rounds=3, timing_steps=30)
 SMALL = dict(batch_size=8, learning_rate=5e-5, fit_block_steps=2,
              fit_rounds=1, timing_steps=3, bfloat16_steps=3,
              layer_batch=64, layer_dim=32, min_accuracy=0.0)
-# Goals of issue 27, reported beside the checks (timings, not checks).
-GOALS = {
-    "isobn_over_none_jax": 1.03,
-    "fine_tuning_adamw_over_keras_adamw": 1.05,
+# The options of `run`.
+RUN_OPTIONS = {
+    "output": ("gpu_check_results", "Folder for the results."),
+    "backends": (["jax", "torch"], "Backends checked (those installed)."),
+    "small": (False, "Small timings, for a CPU."),
+    "no_hf": (False, "Leave out the Hugging Face Trainer."),
+    "timeout": (1200.0, "Seconds each process may run."),
 }
+# Goals of issue 27 on the fit-block ratios, reported beside the checks
+# (timings, not checks): `<ratio>_<part>`, IsoBN's on JAX alone.
+GOALS = {"isobn_over_none": 1.03, "fine_tuning_adamw_over_keras_adamw": 1.05}
+
+
+def new_part(name, args, backend=True, **extra):
+    """The payload of a part, with its settings and no sections yet."""
+    settings = {k: v for k, v in vars(args).items() if k != "command"}
+    return dict(part=name, environment=harness.environment(backend=backend),
+                **extra, settings=settings, sections={})
+
 
 def run(args):
     """Runs the sections on the loaded backend; returns the part's path."""
@@ -63,22 +63,15 @@ def run(args):
     if backend == "tensorflow":
         raise SystemExit(
             "The GPU check runs on JAX or PyTorch (a bare GPU host has no "
-            "TensorFlow): set KERAS_BACKEND=jax or KERAS_BACKEND=torch."
-        )
+            "TensorFlow): set KERAS_BACKEND=jax or KERAS_BACKEND=torch.")
     bundle = Bundle(args.bundle)
     path = os.path.join(args.output, f"part_{backend}.json")
-    payload = {
-        "part": backend,
-        "environment": harness.environment(),
-        "bundle": {k: v for k, v in bundle.manifest.items() if k != "files"},
-        "settings": {k: v for k, v in vars(args).items() if k != "command"},
-        "sections": {},
-    }
+    manifest = {k: v for k, v in bundle.manifest.items() if k != "files"}
+    payload = new_part(backend, args, bundle=manifest)
     for section in args.sections:
         start = time.perf_counter()
         print(f"gpu_check: {backend} {section} ...", file=sys.stderr,
               flush=True)
-
         # What a process killed at its time limit leaves behind.
         payload["sections"][section] = {"unfinished": True}
         harness.write_json(path, payload)
@@ -87,7 +80,12 @@ def run(args):
             result = measure(bundle, args)
         except Exception as e:  # One broken section must not hide others.
             traceback.print_exc()
-            result = {"error": gpu_sections.error_record(e)}
+            frames = traceback.extract_tb(e.__traceback__)[-8:]
+            result = {"error": {
+                "type": type(e).__name__,
+                "message": str(e)[:2000],
+                "frames": [f"{f.filename}:{f.lineno} {f.name}" for f in frames],
+            }}
         result["seconds"] = time.perf_counter() - start
         payload["sections"][section] = result
         harness.write_json(path, payload)
@@ -117,8 +115,7 @@ def run_hf(args):
     torch.manual_seed(args.seed)
     model = transformers.BertForSequenceClassification.from_pretrained(
         bundle.checkpoint, num_labels=bundle.manifest["num_classes"],
-        torch_dtype=torch.float32,
-    )
+        torch_dtype=torch.float32)
     with tempfile.TemporaryDirectory() as folder:
         trainer = harness.hf_trainer(model, rows("train"), batch,
                                      args.learning_rate, folder, args.seed,
@@ -127,7 +124,8 @@ def run_hf(args):
         trainer.train()
         train_s = time.perf_counter() - start
         logits = trainer.predict(rows("dev")).predictions
-    hf = {
+    payload = new_part("hf", args, backend=False)
+    payload["sections"]["hf_trainer"] = {
         "transformers": transformers.__version__, "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0) if gpu else "cpu",
         "fp16": gpu, "steps": steps, "batch_size": batch,
@@ -136,26 +134,8 @@ def run_hf(args):
         "dev_accuracy": float(np.mean(
             np.argmax(logits, axis=-1) == bundle.labels("dev"))),
     }
-    payload = {
-        "part": "hf", "environment": harness.environment(backend=False),
-        "settings": {k: v for k, v in vars(args).items() if k != "command"},
-        "sections": {"hf_trainer": hf},
-    }
     return harness.write_json(os.path.join(args.output, "part_hf.json"),
                               payload)
-
-
-def collect_checks(parts):
-    """`{"<part>/<section>/<check>": bool}` of every part, errors False."""
-    checks = {}
-    for part, payload in parts.items():
-        for section, result in payload["sections"].items():
-            key = f"{part}/{section}"
-            if "error" in result or result.get("unfinished"):
-                checks[f"{key}/ran"] = False
-            for check, passed in result.get("checks", {}).items():
-                checks[f"{key}/{check}"] = bool(passed)
-    return checks
 
 
 def summary_rows(parts):
@@ -216,23 +196,21 @@ def goals(parts):
         ratios = payload["sections"].get("throughput", {}).get("ratios")
         if not ratios:
             continue
-        if part == "jax":
-            measured["isobn_over_none_jax"] = harness.goal(
-                ratios["isobn_over_none"]["fit_blocks"],
-                GOALS["isobn_over_none_jax"])
-        measured[f"fine_tuning_adamw_over_keras_adamw_{part}"] = harness.goal(
-            ratios["fine_tuning_adamw_over_keras_adamw"]["fit_blocks"],
-            GOALS["fine_tuning_adamw_over_keras_adamw"])
+        for name, limit in GOALS.items():
+            if part == "jax" or name != "isobn_over_none":
+                ratio = ratios[name]["fit_blocks"]
+                measured[f"{name}_{part}"] = harness.goal(ratio, limit)
     return measured
 
 
 def markdown(payload, path=None):
-    """The checks, the goals and the summary of a merged run."""
+    """The checks, the goals and the summary of a merged run's payload."""
     failed = [k for k, v in payload["checks"].items() if not v]
     env = payload["environment"]
-    goal_rows = [[name, goal["goal"], f"{goal['measured']:.3f}",
-                  harness.status(goal["met"])]
-                 for name, goal in payload["goals"].items()]
+    goals = [{"name": name, "target": goal["goal"],
+              "measured": f"{goal['measured']:.3f}",
+              "status": harness.status(goal["met"])}
+             for name, goal in payload["goals"].items()]
     return "\n".join([
         "# GPU check", "",
         "`python -m benchmarks.gpu_check run BUNDLE` on a GPU host (a run "
@@ -241,34 +219,40 @@ def markdown(payload, path=None):
         + (harness.machine_line(env) if "versions" in env else ""), "",
         "Checks: " + ("PASS" if payload["passed"]
                       else "FAIL: " + ", ".join(failed)), "",
-        "## Goals", "",
-        harness.table(["goal", "target", "measured", "status"], goal_rows),
-        "", "## Summary", "",
+        harness.goals_table(goals), "", "## Summary", "",
         *[f"- {row}" for row in payload["summary"]],
     ]) + "\n"
 
 
 def merge(folder):
-    """Writes `gpu_check.json` from the parts; returns `(path, passed)`."""
+    """Merges the parts of `folder` into `gpu_check.json` and `.md`.
+
+    Returns `(path, passed)`: the JSON's path, whether every check passed.
+    """
     parts = {}
     for path in sorted(glob.glob(os.path.join(folder, "part_*.json"))):
-        with open(path) as f:
-            payload = json.load(f)
         name = os.path.basename(path)[len("part_"):-len(".json")]
-        parts[name] = payload
+        with open(path) as f:
+            parts[name] = json.load(f)
     if not parts:
         raise SystemExit(f"gpu_check: no part_*.json in {folder!r}.")
-    checks = collect_checks(parts)
-    passed = bool(checks) and all(checks.values())
+    # `<part>/<section>/<check>`; a section that failed or did not end fails.
+    checks = {}
+    for part, part_payload in parts.items():
+        for section, result in part_payload["sections"].items():
+            key = f"{part}/{section}"
+            if "error" in result or result.get("unfinished"):
+                checks[f"{key}/ran"] = False
+            for check, passed in result.get("checks", {}).items():
+                checks[f"{key}/{check}"] = bool(passed)
     keras_parts = [p for n, p in sorted(parts.items()) if n != "hf"]
+    small = any(p["settings"].get("small") for p in parts.values())
     payload = {
         "benchmark": "gpu_check",
         # The machine and versions (each part holds its own too).
         "environment": (keras_parts or list(parts.values()))[0]["environment"],
-        "settings": {"small": any(
-            p["settings"].get("small") for p in parts.values()
-        )},
-        "passed": passed,
+        "settings": {"small": small},
+        "passed": bool(checks) and all(checks.values()),
         "checks": checks,
         "goals": goals(parts),
         "summary": summary_rows(parts),
@@ -284,7 +268,7 @@ def merge(folder):
               f"{'met' if goal['met'] else 'MISSED'}")
     for row in payload["summary"]:
         print(row)
-    return path, passed
+    return path, payload["passed"]
 
 
 def check(args, parser):
@@ -296,27 +280,24 @@ def check(args, parser):
                      "GLUE_DIR OUT`.")
     output = os.path.abspath(args.output)
     os.makedirs(output, exist_ok=True)
-    old = glob.glob(os.path.join(output, "part_*.json"))
-    for path in old + glob.glob(os.path.join(output, "gpu_check.*")):
-        os.remove(path)
+    for pattern in ("part_*.json", "gpu_check.*"):
+        for path in glob.glob(os.path.join(output, pattern)):
+            os.remove(path)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     # JAX must not take the whole GPU memory up front.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    paths = [harness.REPO_ROOT]
+    paths = [harness.REPO_ROOT, env.get("PYTHONPATH")]
     wheels = glob.glob(os.path.join(bundle, "wheels", "*.whl"))
     if wheels:
-        # The bundle's versions, in a folder of their own, ahead of the
-        # host's.
+        # The bundle's versions, in a folder of their own, before the host's.
         site = os.path.join(bundle, "site")
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--no-index",
              "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
              "--target", site, *wheels], check=True)
         paths.insert(0, site)
-    env["PYTHONPATH"] = os.pathsep.join(
-        paths + [p for p in [env.get("PYTHONPATH")] if p]
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     if shutil.which("nvidia-smi"):
         subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,"
                         "driver_version", "--format=csv,noheader"],
@@ -336,10 +317,9 @@ def check(args, parser):
             done = subprocess.run(
                 [sys.executable, "-m", "benchmarks.gpu_check", command,
                  bundle, "--output", output, *small],
-                env=dict(env, **extra), timeout=args.timeout,
-            )
+                env=dict(env, **extra), timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            print(f"gpu_check: FAIL {name} ran past {args.timeout} s.")
+            print(f"gpu_check: FAIL {name} ran past {args.timeout:g} s.")
             return True
         return done.returncode != 0
 
@@ -359,12 +339,12 @@ def check(args, parser):
 
 
 def parser_of():
+    """The command line's parser, one sub-command a command."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_check",
         description=__doc__.split("\n\n")[0],
         epilog="Usage: `bundle GLUE_DIR OUT` here, then `run OUT` on the "
-        "GPU host.",
-    )
+        "GPU host.")
     commands = parser.add_subparsers(dest="command", required=True)
     sub = commands.add_parser("bundle", help="Write a bundle (CPU machine).")
     sub.add_argument("glue_dir", help="GLUE folder (with SST-2/).")
@@ -373,16 +353,7 @@ def parser_of():
                      help="Options of `python -m benchmarks.gpu_bundle`.")
     sub = commands.add_parser("run", help="Run the whole check (GPU host).")
     sub.add_argument("bundle", help="Bundle folder.")
-    sub.add_argument("--output", default="gpu_check_results",
-                     help="Folder for the results.")
-    sub.add_argument("--backends", nargs="+", default=["jax", "torch"],
-                     help="Backends checked (those installed).")
-    sub.add_argument("--small", action="store_true",
-                     help="Small timings, for a CPU.")
-    sub.add_argument("--no-hf", action="store_true",
-                     help="Leave out the Hugging Face Trainer.")
-    sub.add_argument("--timeout", type=float, default=1200,
-                     help="Seconds each process may run.")
+    harness.add_options(sub, RUN_OPTIONS)
     for command in ("part", "hf"):
         sub = commands.add_parser(command)
         sub.add_argument("bundle", help="Bundle folder (gpu_bundle.py).")

@@ -1,21 +1,11 @@
 """The sections of the GPU check (`benchmarks.gpu_check part`).
 
 Each `section_<name>(bundle, args)` measures on the loaded backend and
-returns a dict (with `"checks"`, name to bool, where it checks):
-
-- `finetune`: `IsoBNBertTextClassifier` fine-tuned with
-  `fine_tuning_adamw` under `"mixed_float16"` for one epoch, checking at
-  every tenth of the run that IsoBN's statistics are float32, finite and
-  updated while the layer computes in float16; then dev accuracy;
-- `throughput`: training examples/s of the `VARIANTS`, in `fit` blocks and
-  paired `train_on_batch` steps; on JAX also in blocks of the jitted
-  train step alone (the device's time, without `fit`'s host work);
-- `numerics`: the layer's batch statistics and scale against float64;
-- `bfloat16`: a shorter fine-tuning under `"mixed_bfloat16"`, checked.
+returns a dict, with `"checks"` (name to bool) where it checks.
 """
 
+import contextlib
 import time
-import traceback
 
 import numpy as np
 
@@ -29,6 +19,13 @@ VARIANTS = {
     "none": (None, "fine_tuning_adamw"),
     "batchnorm": ("batchnorm", "fine_tuning_adamw"),
     "none_keras_adamw": (None, "keras_adamw"),
+}
+# The throughput ratios: name to (numerator, denominator) of `VARIANTS`.
+RATIOS = {
+    "isobn_over_none": ("isobn", "none"),
+    "isobn_frozen_over_none": ("isobn_frozen", "none"),
+    "batchnorm_over_none": ("batchnorm", "none"),
+    "fine_tuning_adamw_over_keras_adamw": ("none", "none_keras_adamw"),
 }
 
 
@@ -48,7 +45,7 @@ def statistics_check(layer, every):
         def on_train_end(self, logs=None):
             self.check("end", (logs or {}).get("loss"))
 
-        def check(self, step, loss=None):
+        def check(self, step, loss):
             if hasattr(self.model, "jax_state_sync"):
                 self.model.jax_state_sync()  # JAX's state lives outside.
             covariance, std = layer.moving_covariance, layer.moving_std
@@ -68,9 +65,16 @@ def statistics_check(layer, every):
 def make_classifier(bundle, normalization, optimizer, total_steps, args):
     """A compiled `IsoBNBertTextClassifier` on the bundle's checkpoint.
 
-    Built under the global dtype policy (set it first). It takes token ids
-    and is trained through `keras.Model.fit`: KerasHub's own `fit` batches
-    even token ids in `tf.data` or Grain, which a bare GPU host lacks.
+    Built under the global dtype policy, for token ids and
+    `keras.Model.fit`: KerasHub's own `fit` batches even token ids in
+    `tf.data` or Grain, which a bare GPU host lacks.
+
+    Args:
+        bundle: The `gpu_bundle.Bundle`.
+        normalization: A normalization of `VARIANTS`.
+        optimizer: `"fine_tuning_adamw"` or `"keras_adamw"`.
+        total_steps: The length of `fine_tuning_adamw`'s schedule.
+        args: The parsed command line (`seed`, `learning_rate`).
     """
     import keras
     import keras_hub
@@ -89,8 +93,7 @@ def make_classifier(bundle, normalization, optimizer, total_steps, args):
     else:
         optimizer = keras.optimizers.AdamW(args.learning_rate)
     return end_to_end.make_classifier(
-        backbone, normalization, bundle.manifest["num_classes"], optimizer
-    )
+        backbone, normalization, bundle.manifest["num_classes"], optimizer)
 
 
 def train_and_check(bundle, args, policy, steps):
@@ -109,26 +112,21 @@ def train_and_check(bundle, args, policy, steps):
     history = keras.Model.fit(
         classifier, bundle.inputs("train", rows), bundle.labels("train", rows),
         batch_size=batch, epochs=1, shuffle=False, verbose=0,
-        callbacks=[monitor, clock],
-    )
+        callbacks=[monitor, clock])
     fit_s = time.perf_counter() - start
     scale = keras.ops.convert_to_numpy(layer.scale())
     losses = history.history["loss"]
     records = monitor.records
+    all_losses = losses + [r["loss"] for r in records if r["loss"] is not None]
     checks = {
-        "statistics_float32": all(
-            r["dtypes"] == ["float32", "float32"] for r in records
-        ),
+        "statistics_float32": all(r["dtypes"] == ["float32", "float32"]
+                                  for r in records),
         "layer_computes_in_policy_dtype":
             layer.compute_dtype == keras.DTypePolicy(policy).compute_dtype,
         "statistics_finite": all(r["finite"] for r in records),
         "statistics_updated": all(r["nonzero"] for r in records),
-        "scale_finite_positive": bool(
-            np.all(np.isfinite(scale)) and np.all(scale > 0)
-        ),
-        "losses_finite": bool(np.all(np.isfinite(losses)) and all(
-            np.isfinite(r["loss"]) for r in records if r["loss"] is not None
-        )),
+        "scale_finite_positive": bool(np.all(np.isfinite(scale) & (scale > 0))),
+        "losses_finite": bool(np.all(np.isfinite(all_losses))),
     }
     result = {
         "policy": policy,
@@ -146,22 +144,23 @@ def train_and_check(bundle, args, policy, steps):
 
 
 def section_finetune(bundle, args):
-    """Mixed-float16 fine-tuning with IsoBN, then dev accuracy."""
+    """One epoch of IsoBN's classifier under mixed_float16, checked.
+
+    IsoBN's statistics are checked (float32, finite, updated) at every
+    tenth of the run; then the dev accuracy.
+    """
     import keras
 
     steps = len(bundle.labels("train")) // args.batch_size
-    classifier, result = train_and_check(
-        bundle, args, "mixed_float16", steps
-    )
+    classifier, result = train_and_check(bundle, args, "mixed_float16", steps)
     logits = np.asarray(keras.Model.predict(
         classifier, bundle.inputs("dev"), batch_size=args.batch_size, verbose=0
     ), dtype="float32")
     labels = bundle.labels("dev")
     accuracy = float(np.mean(np.argmax(logits, axis=-1) == labels))
     result["dev_accuracy"] = accuracy
-    result["dev_majority_rate"] = float(
-        np.max(np.bincount(labels)) / len(labels)
-    )
+    majority = np.max(np.bincount(labels)) / len(labels)
+    result["dev_majority_rate"] = float(majority)
     if args.min_accuracy > 0:  # A few small steps learn nothing: unchecked.
         result["checks"]["dev_accuracy"] = accuracy >= args.min_accuracy
     return result
@@ -169,14 +168,16 @@ def section_finetune(bundle, args):
 
 def section_bfloat16(bundle, args):
     """Shorter fine-tuning under mixed_bfloat16, with the same checks."""
-    _, result = train_and_check(
-        bundle, args, "mixed_bfloat16", args.bfloat16_steps
-    )
-    return result
+    steps = args.bfloat16_steps
+    return train_and_check(bundle, args, "mixed_bfloat16", steps)[1]
 
 
 def section_throughput(bundle, args):
-    """Train examples/s of the four classifiers, in fit blocks and steps."""
+    """Train examples/s of the `VARIANTS`, and the `RATIOS` of their times.
+
+    In `fit` blocks, paired `train_on_batch` steps and, on JAX, blocks of
+    the jitted train step alone (without `fit`'s host work).
+    """
     import keras
 
     from benchmarks import end_to_end
@@ -196,52 +197,33 @@ def section_throughput(bundle, args):
                                          epochs=1, shuffle=False, verbose=0)
 
     # The first (untimed) block of each compiles; then rounds, rotated.
-    timed = harness.alternate(
-        {name: fit_block(c) for name, c in classifiers.items()},
-        args.fit_rounds,
-    )
+    blocks = {name: fit_block(c) for name, c in classifiers.items()}
+    timed = harness.alternate(blocks, args.fit_rounds)
     fit = {n: harness.rate(t["times"], block, batch) for n, t in timed.items()}
-    batches = [
-        (bundle.inputs("train", slice(i, i + batch)),
-         bundle.labels("train", slice(i, i + batch)))
-        for i in range(0, 2 * batch, batch)
-    ]
+    batches = [(bundle.inputs("train", rows), bundle.labels("train", rows))
+               for rows in (slice(0, batch), slice(batch, 2 * batch))]
     steps = end_to_end.time_steps(classifiers, batches, args.timing_steps)
     for timing in steps.values():
         timing["examples_per_s"] = batch / timing["median_s"]
     compiled = None
     if keras.backend.backend() == "jax":
-        compiled = compiled_step_blocks(
-            classifiers, batches[0], block, args.fit_rounds
-        )
-
-    def ratios(numerator, denominator):
-        ratio = {
-            "fit_blocks": fit[numerator]["median_s"]
-            / fit[denominator]["median_s"],
-            "train_on_batch": harness.paired_ratio(
-                steps[numerator], steps[denominator]
-            ),
+        compiled = compiled_step_blocks(classifiers, batches[0], block,
+                                        args.fit_rounds)
+    ratios = {}
+    for name, (top, bottom) in RATIOS.items():
+        ratios[name] = {
+            "fit_blocks": fit[top]["median_s"] / fit[bottom]["median_s"],
+            "train_on_batch": harness.paired_ratio(steps[top], steps[bottom]),
         }
         if compiled:
-            ratio["compiled_step_blocks"] = (
-                compiled[numerator]["median_s"]
-                / compiled[denominator]["median_s"]
-            )
-        return ratio
-
+            ratios[name]["compiled_step_blocks"] = (
+                compiled[top]["median_s"] / compiled[bottom]["median_s"])
     result = {
         "policy": "mixed_float16",
         "batch_size": batch,
         "fit": fit,
         "train_on_batch": steps,
-        "ratios": {
-            "isobn_over_none": ratios("isobn", "none"),
-            "isobn_frozen_over_none": ratios("isobn_frozen", "none"),
-            "batchnorm_over_none": ratios("batchnorm", "none"),
-            "fine_tuning_adamw_over_keras_adamw":
-                ratios("none", "none_keras_adamw"),
-        },
+        "ratios": ratios,
     }
     if compiled:
         result["compiled_step_blocks"] = compiled
@@ -249,12 +231,11 @@ def section_throughput(bundle, args):
 
 
 def compiled_step_blocks(classifiers, data, block, rounds):
-    """`harness.rate()` of `block` compiled train steps per classifier (JAX).
+    """`harness.rate()` of `block` jitted train steps per classifier (JAX).
 
-    Each `train_step`, jitted with its state donated as `fit` does, runs
-    `block` times in a row before the wait: the device's time per step,
-    without Keras's loop. The classifiers alternate, block by block, on
-    copies of their variables.
+    Each `train_step`, its state donated as in `fit`, runs `block` times
+    before the wait, on copies of the variables; the classifiers alternate
+    for `rounds` rounds. `data` is one batch `(inputs, labels)`.
     """
     import jax
 
@@ -268,32 +249,19 @@ def compiled_step_blocks(classifiers, data, block, rounds):
     def runner(classifier):
         state = harness.jax_state(classifier, copy=True)
         step = jax.jit(classifier.train_step, donate_argnums=0)
-        carried = {"state": state}
 
         def run(index):
-            state = carried["state"]
+            nonlocal state
             for _ in range(block):
                 logs, state = step(state, data)
             jax.block_until_ready((logs, state))
-            carried["state"] = state
 
         return run
 
-    timed = harness.alternate(
-        {name: runner(c) for name, c in classifiers.items()}, rounds
-    )
+    runners = {name: runner(c) for name, c in classifiers.items()}
+    timed = harness.alternate(runners, rounds)
     return {name: harness.rate(t["times"], block, batch)
             for name, t in timed.items()}
-
-
-def reference_statistics(x):
-    """Batch covariance, std and IsoBN scale of `x`, in float64 NumPy."""
-    from keras_isobn.isotropy import isobn_reference_scale
-
-    y = x.astype("float64") - x.astype("float64").mean(axis=0)
-    covariance = y.T @ y / len(y)
-    std = np.sqrt(np.diag(covariance))
-    return covariance, std, isobn_reference_scale(covariance, std)
 
 
 def section_numerics(bundle, args):
@@ -304,11 +272,10 @@ def section_numerics(bundle, args):
     XLA's default on NVIDIA GPUs, is off by more than the 1e-4 allowed: on
     JAX the default precision is reported and `"highest"` checked.
     """
-    import contextlib
-
     import keras
 
     from keras_isobn import IsoBatchNormalization
+    from keras_isobn.isotropy import isobn_reference_scale
 
     rng = np.random.default_rng(args.seed)
     n, d = args.layer_batch, args.layer_dim
@@ -316,7 +283,10 @@ def section_numerics(bundle, args):
     scales = np.exp(rng.uniform(-2.0, 1.0, size=d))
     x = (rng.normal(size=(n, d)) @ mix) * scales + rng.normal(0, 3.0, size=d)
     x = x.astype("float16")
-    covariance, std, scale = reference_statistics(x)
+    y = x.astype("float64") - x.astype("float64").mean(axis=0)
+    covariance = y.T @ y / len(y)
+    std = np.sqrt(np.diag(covariance))
+    scale = isobn_reference_scale(covariance, std)
     precisions = {"default": contextlib.nullcontext}
     if keras.backend.backend() == "jax":
         import jax
@@ -337,23 +307,9 @@ def section_numerics(bundle, args):
                 "std": float(np.max(np.abs(got[1] - std) / std)),
                 "scale": float(np.max(np.abs(got[2] - scale) / scale)),
             }
-            result[f"{policy}/{precision}_matmul_precision"] = {
-                "max_relative_error": errors
-            }
+            key = f"{policy}/{precision}_matmul_precision"
+            result[key] = {"max_relative_error": errors}
             if precision == list(precisions)[-1]:
-                result["checks"][f"{policy}_statistics_match_float64"] = (
-                    max(errors.values()) <= 1e-4
-                )
+                check = f"{policy}_statistics_match_float64"
+                result["checks"][check] = max(errors.values()) <= 1e-4
     return result
-
-
-def error_record(error):
-    """The type, message and innermost frames of an exception."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return {
-        "type": type(error).__name__,
-        "message": str(error)[:2000],
-        "frames": [f"{f.filename}:{f.lineno} {f.name}" for f in frames[-8:]],
-    }
-
-

@@ -1,12 +1,8 @@
 """Time and peak memory of importing keras_isobn, beside Keras alone.
 
-Per backend, fresh processes run `import keras` or `import keras_isobn;
-keras_isobn.IsoBatchNormalization()`, in alternation, `--repeats` each
-after `--warmup` untimed ones. Each reports its statement's seconds, its
-peak resident memory (`VmHWM`) and the heavy modules then loaded; the
-time of a run is the whole process's. Goal: at most 1.2x Keras.
-
-Usage: `python -m benchmarks.import_cost [--backend jax --repeats 11]`.
+Per backend, fresh processes run each of `STATEMENTS` in alternation and
+report its seconds, their peak memory (`VmHWM`) and the heavy modules then
+loaded; a run's time is the whole process's. Goal: at most 1.2x Keras.
 """
 
 import json
@@ -22,8 +18,8 @@ STATEMENTS = {
     "keras_isobn": "import keras_isobn; keras_isobn.IsoBatchNormalization()",
 }
 HEAVY_MODULES = ("tensorflow", "keras_hub", "matplotlib", "scipy", "sklearn")
-# Run by each fresh process, with the statement and the module names as
-# arguments. It imports nothing it does not need to report.
+# A fresh process's script (arguments: the statement, the module names); it
+# imports nothing it does not need to report.
 CHILD = """\
 import json, resource, sys, time
 start = time.perf_counter()
@@ -51,9 +47,7 @@ def run_statement(statement, backend, threads=None):
     done = subprocess.run(
         [sys.executable, "-c", CHILD, statement, *HEAVY_MODULES],
         env=harness.child_environment(backend, threads),
-        cwd=harness.REPO_ROOT,
-        capture_output=True,
-        text=True,
+        cwd=harness.REPO_ROOT, capture_output=True, text=True,
     )
     if done.returncode != 0:
         raise RuntimeError(
@@ -64,37 +58,27 @@ def run_statement(statement, backend, threads=None):
 
 def measure_backend(backend, args):
     """Both statements on one backend, in alternation; their summaries."""
-    timed = harness.alternate(
-        {
-            name: lambda _, s=statement: run_statement(s, backend, args.threads)
-            for name, statement in STATEMENTS.items()
-        },
-        args.repeats,
-        warmup=args.warmup,
-    )
+    functions = {
+        name: lambda _, s=statement: run_statement(s, backend, args.threads)
+        for name, statement in STATEMENTS.items()
+    }
+    timed = harness.alternate(functions, args.repeats, warmup=args.warmup)
     statements = {}
     for name, t in timed.items():
         reports = t["outputs"]
+        seconds = [r["statement_s"] for r in reports]
+        peaks = [r["peak_rss_bytes"] for r in reports]
         statements[name] = {
             "statement": STATEMENTS[name],
             "wall": harness.summarize(t["times"]),
-            "statement_time": harness.summarize(
-                [r["statement_s"] for r in reports]
-            ),
-            "peak_rss_bytes": float(
-                np.median([r["peak_rss_bytes"] for r in reports])
-            ),
+            "statement_time": harness.summarize(seconds),
+            "peak_rss_bytes": float(np.median(peaks)),
             "modules": sorted({m for r in reports for m in r["modules"]}),
         }
     keras, isobn = statements["keras"], statements["keras_isobn"]
-    return {
-        "backend": backend,
-        "statements": statements,
-        "ratios": {
-            "wall": isobn["wall"]["median_s"] / keras["wall"]["median_s"],
-            "peak_rss": isobn["peak_rss_bytes"] / keras["peak_rss_bytes"],
-        },
-    }
+    ratios = {"wall": isobn["wall"]["median_s"] / keras["wall"]["median_s"],
+              "peak_rss": isobn["peak_rss_bytes"] / keras["peak_rss_bytes"]}
+    return {"backend": backend, "statements": statements, "ratios": ratios}
 
 
 TARGET = 1.2

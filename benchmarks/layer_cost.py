@@ -1,14 +1,10 @@
 """Cost of IsoBN beside BatchNormalization, whitening and its covariance.
 
-Times one layer on a `(batch, d)` input, compiled, in train mode (with
-the input gradient of a scalar loss) and in inference mode, for `METHODS`
-(whitening from `benchmarks.whitening`), and the pieces of IsoBN's train
-step alone (`PIECES`, forward only: `covariance` is the centred float32
-`Y^T Y / n` IsoBN cannot avoid, `noop` the cost of a compiled call). The
-methods are timed in alternation; each result is the median of
-`--repeats` blocks.
-
-Usage: `python -m benchmarks.layer_cost [--backend jax] [--dims 768]`.
+Times one compiled layer on a `(batch, d)` input, in train mode (with the
+input gradient of a scalar loss) and inference mode, for `METHODS`, and the
+pieces of IsoBN's train step alone (`PIECES`, forward only: `covariance`
+is the float32 `Y^T Y / n` IsoBN cannot avoid, `noop` a compiled call), in
+alternation; each result is the median of `--repeats` blocks.
 """
 
 import functools
@@ -54,9 +50,8 @@ class CovarianceProduct(keras.layers.Layer):
         if not self.centred:
             return ops.matmul(ops.transpose(x), x)
         y = x - ops.mean(x, axis=0)
-        return ops.matmul(ops.transpose(y), y) / ops.cast(
-            ops.shape(x)[0], "float32"
-        )
+        count = ops.cast(ops.shape(x)[0], "float32")
+        return ops.matmul(ops.transpose(y), y) / count
 
 
 class IsoBNScale(keras_isobn.IsoBatchNormalization):
@@ -72,7 +67,6 @@ LAYERS = {
     "zca": ZCAWhitening,
     "iternorm": functools.partial(IterNormWhitening, iterations=5),
     "noop": Noop,
-    "none": Noop,
     "gram": functools.partial(CovarianceProduct, centred=False),
     "covariance": CovarianceProduct,
     "isobn_forward": keras_isobn.IsoBatchNormalization,
@@ -90,10 +84,8 @@ def make_layer(method, policy):
 def steps_for(dim, dtype, batch_size, methods, jit, seed=0):
     """The compiled steps to time at one size: `{(mode, method): step}`."""
     policy = DTYPES[dtype]
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(batch_size, dim)).astype(
-        keras.DTypePolicy(policy).compute_dtype
-    )
+    x = np.random.default_rng(seed).normal(size=(batch_size, dim))
+    x = x.astype(keras.DTypePolicy(policy).compute_dtype)
     steps = {}
     full = ("noop",) + tuple(methods)
     for method in full + PIECES[1:]:
@@ -130,13 +122,11 @@ def time_interleaved(functions, repeats, min_block_s=0.02, warmup=2,
     blocks (at least `min_repeats`).
 
     Returns:
-        Dict of name to `harness.summarize()` of its seconds per call,
-        with `"number"` (calls per block) and `"compile_s"` (the first
-        call).
+        Dict of name to `harness.summarize()` of its seconds per call, with
+        `"number"` (calls per block) and `"compile_s"` (the first call).
     """
-    once = harness.alternate(
-        {n: _repeat(f, 1) for n, f in functions.items()}, 1, warmup
-    )
+    once = harness.alternate({n: _repeat(f, 1) for n, f in functions.items()},
+                             1, warmup)
     numbers, counts, blocks = {}, {}, {}
     for name, function in functions.items():
         seconds = max(once[name]["times"][0], 1e-7)
@@ -172,15 +162,12 @@ def measure(args):
         for dtype in args.dtypes:
             load = os.getloadavg()[0]
             steps = steps_for(dim, dtype, args.batch_size, METHODS, jit)
-            timings = time_interleaved(
-                steps, args.repeats, min_block_s=args.min_block_s,
-                max_seconds=args.max_seconds,
-            )
-            results += [
-                dict(t, dim=dim, dtype=dtype, mode=mode, method=method,
-                     load_average_before=load)
-                for (mode, method), t in timings.items()
-            ]
+            timings = time_interleaved(steps, args.repeats,
+                                       min_block_s=args.min_block_s,
+                                       max_seconds=args.max_seconds)
+            results += [dict(t, dim=dim, dtype=dtype, mode=mode,
+                             method=method, load_average_before=load)
+                        for (mode, method), t in timings.items()]
             print(f"[layer_cost] {backend} d={dim} {dtype}: " + ", ".join(
                 f"{mode[:5]}/{method}={t['median_s'] * 1e6:.0f}us"
                 for (mode, method), t in timings.items()
@@ -230,9 +217,7 @@ def breakdown(payload):
         isobn, cov, noop = row["isobn"], row["covariance"], row["noop"]
         if isobn is None or cov is None:
             continue
-        net = None
-        if noop is not None:
-            net = (isobn - noop) / max(cov - noop, 1e-9)
+        net = None if noop is None else (isobn - noop) / max(cov - noop, 1e-9)
         zca = row["zca"] / isobn if row["zca"] else None
         row.update(dim=dim, dtype=dtype, ratio=isobn / cov, ratio_net=net,
                    zca_ratio=zca)

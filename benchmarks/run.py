@@ -1,13 +1,9 @@
 """Runs the benchmark suite.
 
-In order: `layer_cost`, `end_to_end` (each on every backend of
-`--backend`, each backend in its own process) and `import_cost` (fresh
-processes per backend). Each writes its JSON and, beside it, its
-Markdown tables and goals. Each script runs alone too, with more options:
-`python -m benchmarks.<script> --help`. The GPU check is separate:
-`python -m benchmarks.gpu_check --help`.
-
-Usage:
+`STEPS` in order, each on every backend of `--backend`, each writing its
+JSON and, beside it, its Markdown tables and goals. Each script runs
+alone too, with more options (`python -m benchmarks.<script> --help`), and
+so does the GPU check (`benchmarks.gpu_check`).
 
 ```
 python -m benchmarks                                # the whole suite
@@ -27,10 +23,8 @@ STEPS = {"layer_cost": layer_cost, "end_to_end": end_to_end,
 
 def main(argv=None):
     """Runs the suite; returns the paths of the Markdown files written."""
-    parser = harness.command(__name__, {
-        "skip": ([], "Benchmarks to leave out.", tuple(STEPS)),
-    })
-    args = harness.parse(parser, argv)
+    options = {"skip": ([], "Benchmarks to leave out.", tuple(STEPS))}
+    args = harness.parse(harness.command(__name__, options), argv)
     shared = ["--output", args.output]
     for backend in args.backend or ["all"]:
         shared += ["--backend", backend]

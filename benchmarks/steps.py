@@ -1,10 +1,9 @@
 """Compiled train and inference steps of one layer, on every backend.
 
-A *train step* is the forward pass in training mode (statistics update)
-and the gradient of a scalar loss with respect to the input. JAX: `jax.jit`
-of `layer.stateless_call`, the state carried outside the layer and
-donated as Keras's JAX trainer does; TensorFlow: `tf.function` with XLA;
-PyTorch: eager, or `torch.compile`.
+A *train step*: the forward pass in training mode and the gradient of a
+scalar loss with respect to the input. JAX: `jax.jit` of `stateless_call`,
+the state carried outside the layer and donated, as Keras's trainer does;
+TensorFlow: `tf.function` with XLA; PyTorch: eager or `torch.compile`.
 """
 
 import functools
@@ -12,6 +11,8 @@ import functools
 import keras
 import numpy as np
 from keras import ops
+
+from keras_isobn.distribution import accelerator_visible
 
 
 class LayerStep:
@@ -44,32 +45,31 @@ class LayerStep:
             )
         self.layer = layer
         self.mode = mode
+        self.training = mode != "inference"
         self.backend = keras.backend.backend()
         self.x = ops.convert_to_tensor(np.asarray(x), dtype=layer.compute_dtype)
-        rng = np.random.default_rng(0)
-        self.cotangent = ops.convert_to_tensor(
-            rng.normal(size=np.shape(x)).astype("float32")
-        )
+        cotangent = np.random.default_rng(0).normal(size=np.shape(x))
+        self.cotangent = ops.convert_to_tensor(cotangent.astype("float32"))
         self._initial = [np.array(v.numpy()) for v in layer.variables]
         self.function = getattr(self, f"_build_{self.backend}")(jit)
 
     def __call__(self, x=None):
-        outputs = self.function(self.x if x is None else x)
-        return block(outputs)
+        return block(self.function(self.x if x is None else x))
 
     def reset(self):
         """Puts the layer's variables back to their values at construction."""
         for variable, value in zip(self.layer.variables, self._initial):
             variable.assign(value)
         if self.backend == "jax":
-            self._state = _copies(self.layer.non_trainable_variables)
+            variables = self.layer.non_trainable_variables
+            self._state = _copies([v.value for v in variables])
 
     def sync_state(self):
         """Writes the carried state back into the layer (JAX only)."""
         if self.backend == "jax":
             # Copies: the carried state is donated to the next call.
             variables = self.layer.non_trainable_variables
-            for variable, value in zip(variables, _copies_of(self._state)):
+            for variable, value in zip(variables, _copies(self._state)):
                 variable.assign(value)
 
     def _loss(self, outputs):
@@ -80,11 +80,11 @@ class LayerStep:
 
         layer = self.layer
         trainable = [v.value for v in layer.trainable_variables]
-        self._state = _copies(layer.non_trainable_variables)
-        training = self.mode != "inference"
+        self._state = _copies([v.value for v in layer.non_trainable_variables])
 
         def forward(state, x):
-            return layer.stateless_call(trainable, state, x, training=training)
+            return layer.stateless_call(trainable, state, x,
+                                        training=self.training)
 
         if self.mode == "train":
 
@@ -92,10 +92,10 @@ class LayerStep:
                 outputs, state = forward(state, x)
                 return self._loss(outputs), (outputs, state)
 
+            value_and_grad = jax.value_and_grad(loss, has_aux=True)
+
             def step(state, x):
-                (_, (outputs, state)), grad = jax.value_and_grad(
-                    loss, has_aux=True
-                )(x, state)
+                (_, (outputs, state)), grad = value_and_grad(x, state)
                 return (outputs, grad), state
 
         else:
@@ -120,7 +120,6 @@ class LayerStep:
         # Each step is its own tf.function: no retracing to warn about.
         tf.get_logger().setLevel("ERROR")
         layer = self.layer
-        training = self.mode != "inference"
 
         if self.mode == "train":
 
@@ -134,7 +133,7 @@ class LayerStep:
         else:
 
             def step(x):
-                return (layer(x, training=training),)
+                return (layer(x, training=self.training),)
 
         self.compiled = tf.function(step, jit_compile=jit)
         return self.compiled
@@ -143,7 +142,6 @@ class LayerStep:
         import torch
 
         layer = self.layer
-        training = self.mode != "inference"
 
         if self.mode == "train":
 
@@ -157,7 +155,7 @@ class LayerStep:
 
             def step(x):
                 with torch.no_grad():
-                    return (layer(x, training=training),)
+                    return (layer(x, training=self.training),)
 
         if jit:
             step = torch.compile(step)
@@ -185,16 +183,8 @@ def block(outputs):
 
 @functools.cache
 def on_gpu():
-    backend = keras.backend.backend()
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return bool(tf.config.list_logical_devices("GPU"))
-    return False
+    """Whether the backend sees an accelerator (asked once)."""
+    return accelerator_visible()
 
 
 def all_finite(tensors):
@@ -205,12 +195,8 @@ def all_finite(tensors):
     )
 
 
-def _copies(variables):
-    """Copies of the variables' values, safe to donate (JAX)."""
-    return _copies_of([v.value for v in variables])
-
-
-def _copies_of(arrays):
+def _copies(arrays):
+    """Copies of JAX arrays, safe to donate."""
     import jax.numpy as jnp
 
     return [jnp.array(a, copy=True) for a in arrays]

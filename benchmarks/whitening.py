@@ -1,18 +1,15 @@
 """Full whitening layers, for comparison with IsoBN. Benchmark-only code.
 
-Both layers whiten the centred features, `outputs = (x - mean) @ W` with
-`W ~ Cov^(-1/2)`, and differentiate through `W` in training, as their
-papers do. They keep a moving mean and a moving whitening matrix for
-inference. The statistics are computed in float32 under every dtype
-policy (no backend has a float16 eigendecomposition on the CPU), like
-IsoBN's and `keras.layers.BatchNormalization`'s; the output has the
-layer's compute dtype.
+Both whiten the centred features, `outputs = (x - mean) @ W` with
+`W ~ Cov^(-1/2)`, differentiating through `W` in training as their papers
+do, and keep a moving mean and whitening matrix for inference. Statistics
+are float32 under every dtype policy (no backend has a float16
+eigendecomposition on the CPU), as IsoBN's and BatchNormalization's are.
 
-Whitening is over all `d` features at once (one group), the variant
-"ZCA whitening of the covariance" that the IsoBN paper argues against.
-Decorrelated BN and IterNorm both recommend groups of 16-64 features,
-which make the eigenproblems small and the batch covariance of a group
-non-singular.
+Whitening is over all `d` features at once (one group): the "ZCA
+whitening of the covariance" the IsoBN paper argues against. Decorrelated
+BN and IterNorm recommend groups of 16-64 features, whose eigenproblems
+are small and whose batch covariances are non-singular.
 """
 
 import keras
@@ -38,20 +35,12 @@ class _Whitening(keras.layers.Layer):
     def build(self, input_shape):
         dim = input_shape[-1]
         self.moving_mean = self.add_weight(
-            shape=(dim,),
-            initializer="zeros",
-            dtype="float32",
-            trainable=False,
-            autocast=False,
-            name="moving_mean",
+            shape=(dim,), initializer="zeros", dtype="float32",
+            trainable=False, autocast=False, name="moving_mean",
         )
         self.moving_whitening = self.add_weight(
-            shape=(dim, dim),
-            initializer="identity",
-            dtype="float32",
-            trainable=False,
-            autocast=False,
-            name="moving_whitening",
+            shape=(dim, dim), initializer="identity", dtype="float32",
+            trainable=False, autocast=False, name="moving_whitening",
         )
         self.built = True
 
@@ -65,20 +54,14 @@ class _Whitening(keras.layers.Layer):
             covariance = ops.matmul(ops.transpose(centred), centred) / count
             covariance = covariance + self.epsilon * ops.eye(dim)
             whitening = self.whitening_matrix(covariance)
-            rate = self.momentum
-            self.moving_mean.assign(
-                self.moving_mean
-                + rate * (ops.stop_gradient(mean) - self.moving_mean)
-            )
-            self.moving_whitening.assign(
-                self.moving_whitening
-                + rate * (ops.stop_gradient(whitening) - self.moving_whitening)
-            )
+            for moving, value in ((self.moving_mean, mean),
+                                  (self.moving_whitening, whitening)):
+                update = ops.stop_gradient(value) - moving
+                moving.assign(moving + self.momentum * update)
         else:
             centred = x - self.moving_mean
             whitening = self.moving_whitening
-        outputs = ops.matmul(centred, whitening)
-        outputs = ops.reshape(outputs, ops.shape(inputs))
+        outputs = ops.reshape(ops.matmul(centred, whitening), ops.shape(inputs))
         return ops.cast(outputs, self.compute_dtype)
 
     def whitening_matrix(self, covariance):
@@ -105,10 +88,8 @@ class ZCAWhitening(_Whitening):
 
     def whitening_matrix(self, covariance):
         eigenvalues, eigenvectors = ops.eigh(covariance)
-        return ops.matmul(
-            eigenvectors * ops.rsqrt(eigenvalues)[None, :],
-            ops.transpose(eigenvectors),
-        )
+        scaled = eigenvectors * ops.rsqrt(eigenvalues)[None, :]
+        return ops.matmul(scaled, ops.transpose(eigenvectors))
 
 
 class IterNormWhitening(_Whitening):

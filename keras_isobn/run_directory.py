@@ -130,7 +130,8 @@ class RunDirectory:
         """
         resuming = bool(checkpoint.state_paths())
         if self.write and not resuming and os.path.isdir(self.directory):
-            print(f"Removing {self.directory}, stopped in its first epoch.")
+            print(f"Starting {self.directory} afresh: it holds no saved "
+                  "epoch (files set aside as damaged stay).")
             _empty(self.directory)
         distribution.barrier(f"start {self.directory}")
         return resuming

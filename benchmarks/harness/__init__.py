@@ -1,11 +1,7 @@
 """The harness every benchmark runs on.
 
-One package, a module per concern: `command` (command line, backends, each
-in its own process, thread caps), `timing` (calls in alternation, the
-step-end clock, rates and paired ratios), `models` (the BERT shapes the
-benchmarks share, MiniLM, the Hugging Face Trainer peer) and `results`
-(JSON with the machine, CPU flags and versions; Markdown tables; goals).
-Importing it loads neither Keras nor a backend.
+A module per concern: `command`, `timing`, `models` and `results`, each
+described by its docstring. Importing it loads neither Keras nor a backend.
 """
 
 from benchmarks.harness.command import BACKENDS
@@ -56,14 +52,12 @@ from benchmarks.harness.timing import time_keras_epochs
 
 __all__ = [
     "BACKENDS", "DTYPES", "HF_INPUTS", "Phases", "REPO_ROOT", "RESULTS_DIR",
-    "SHAPES", "add_options", "alternate", "bert_backbone",
-    "child_environment", "command", "cpu", "devices", "embed",
-    "environment", "goal", "goals_table", "hf_bert_config", "hf_trainer",
-    "jax_state", "limit_threads", "load_minilm", "machine_line",
-    "minilm_checkpoint", "module_name", "paired_ratio", "parse",
-    "peak_rss_bytes", "random_batches", "rate",
+    "SHAPES", "add_options", "alternate", "bert_backbone", "child_environment",
+    "command", "cpu", "devices", "embed", "environment", "goal", "goals_table",
+    "hf_bert_config", "hf_trainer", "jax_state", "limit_threads",
+    "load_minilm", "machine_line", "minilm_checkpoint", "module_name",
+    "paired_ratio", "parse", "peak_rss_bytes", "random_batches", "rate",
     "rewrite_markdown", "run", "run_module", "selected_backends", "status",
     "steady_rate", "step_clock", "summarize", "table", "thread_environment",
-    "time_keras_epochs", "us", "write_json",
-    "write_results",
+    "time_keras_epochs", "us", "write_json", "write_results",
 ]

@@ -8,12 +8,6 @@ import sys
 from benchmarks.harness.results import REPO_ROOT
 from benchmarks.harness.results import RESULTS_DIR
 
-__all__ = [
-    "BACKENDS", "command", "add_options", "run", "parse",
-    "module_name", "selected_backends", "child_environment", "run_module",
-    "thread_environment", "limit_threads",
-]
-
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
@@ -34,10 +28,8 @@ def command(module, options, backends=BACKENDS, threads=0, output=True,
         quick: Whether to add `--quick`.
     """
     doc = sys.modules[module].__doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {module_name(module)}",
-        description=doc.split("\n\n")[0],
-    )
+    parser = argparse.ArgumentParser(prog=f"python -m {module_name(module)}",
+                                     description=doc.split("\n\n")[0])
     add = parser.add_argument
     if backends:
         add("--backend", action="append", choices=tuple(backends) + ("all",),

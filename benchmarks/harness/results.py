@@ -13,13 +13,6 @@ import sys
 
 import numpy as np
 
-__all__ = [
-    "REPO_ROOT", "RESULTS_DIR", "environment", "cpu", "devices",
-    "peak_rss_bytes", "write_json", "write_results", "machine_line",
-    "table", "goal", "goals_table", "status", "us",
-    "rewrite_markdown",
-]
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 RESULTS_DIR = os.path.join(REPO_ROOT, "benchmarks", "results")
@@ -236,10 +229,9 @@ def goal(measured, limit, at_least=False):
 
 def goals_table(goals):
     """The Markdown of goals given as `{name, target, measured, status}`."""
-    rows = [[g["name"], g["target"], g["measured"], g["status"]]
-            for g in goals]
-    return "## Goals\n\n" + table(["goal", "target", "measured", "status"],
-                                   rows)
+    keys = ["name", "target", "measured", "status"]
+    rows = [[g[key] for key in keys] for g in goals]
+    return "## Goals\n\n" + table(["goal", *keys[1:]], rows)
 
 
 def status(met):

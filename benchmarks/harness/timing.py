@@ -6,11 +6,6 @@ import time
 
 import numpy as np
 
-__all__ = [
-    "summarize", "paired_ratio", "rate", "alternate", "steady_rate",
-    "step_clock", "jax_state", "Phases", "time_keras_epochs",
-]
-
 
 def summarize(times):
     """Median, quartiles, minimum and count of a list of seconds."""
@@ -37,16 +32,15 @@ def rate(times, steps, batch):
 def alternate(functions, rounds, warmup=1, max_rounds=None):
     """Calls several functions in turn and times every call.
 
-    After `warmup` untimed calls each (the first one's seconds kept as
-    `compile_s`), `rounds` rounds of one call of each, in an order rotated
-    by one each round, so that a change of load on a shared machine hits
-    all alike.
+    Each round calls each function once, in an order rotated by one each
+    round, so that a change of load on a shared machine hits all alike.
 
     Args:
         functions: Dict of name to a function of the call's index that
             does one unit of work, waits for it and returns what to keep.
         rounds: Number of timed rounds.
-        warmup: Untimed calls of each function first.
+        warmup: Untimed calls of each function first (the first one's
+            seconds are kept as `compile_s`).
         max_rounds: Optional dict of name to fewer timed calls.
 
     Returns:
@@ -125,9 +119,8 @@ def jax_state(model, copy=False):
 class Phases:
     """Seconds per phase of a job; a phase inside another counts once.
 
-    A phase timed within another (a save within `fit`) is taken out of the
-    outer one. `train` is the epochs' time, less the phases timed within
-    them: the training steps.
+    E.g. a save within `fit` is taken out of `fit`. `train`: the epochs'
+    time less the phases timed within them, i.e. the training steps.
     """
 
     def __init__(self):
@@ -161,9 +154,8 @@ class Phases:
             with self(name):
                 result = function(*args, **kwargs)
             if examples:
-                self.evaluations.append(
-                    [examples(*args, **kwargs), time.perf_counter() - start]
-                )
+                count = examples(*args, **kwargs)
+                self.evaluations.append([count, time.perf_counter() - start])
             return result
 
         setattr(owner, attribute, timed)

@@ -20,14 +20,13 @@ BACKEND = keras.backend.backend()
 def suite(tmp_path_factory):
     """The whole suite, `--quick`, on the loaded backend only."""
     folder = tmp_path_factory.mktemp("results")
-    markdown = run.main(
-        ["--quick", "--backend", BACKEND, "--output", str(folder)]
-    )
+    markdown = run.main(["--quick", "--backend", BACKEND,
+                         "--output", str(folder)])
     return folder, markdown
 
 
 def read(folder, name):
-    with open(os.path.join(folder, f"{name}_{BACKEND}_quick.json")) as f:
+    with open(os.path.join(folder, f"{name}.json")) as f:
         return json.load(f)
 
 
@@ -41,7 +40,7 @@ def check_environment(payload):
 
 
 def test_layer_cost_writes_every_method_and_mode(suite):
-    payload = read(suite[0], "layer_cost")
+    payload = read(suite[0], f"layer_cost_{BACKEND}_quick")
     check_environment(payload)
     keys = {(r["mode"], r["method"], r["dtype"]) for r in payload["results"]}
     for dtype in ("float32", "float16"):
@@ -56,7 +55,7 @@ def test_layer_cost_writes_every_method_and_mode(suite):
 
 
 def test_end_to_end_compares_isobn_none_and_folded(suite):
-    payload = read(suite[0], "end_to_end")
+    payload = read(suite[0], f"end_to_end_{BACKEND}_quick")
     check_environment(payload)
     (result,) = payload["results"]
     assert set(result["train"]) == {"none", "isobn"}
@@ -71,8 +70,7 @@ def test_end_to_end_compares_isobn_none_and_folded(suite):
 
 
 def test_import_cost_compares_keras_and_keras_isobn(suite):
-    with open(os.path.join(suite[0], "import_cost_quick.json")) as f:
-        payload = json.load(f)
+    payload = read(suite[0], "import_cost_quick")
     assert "backend" not in payload["environment"]  # Measured in children.
     assert payload["environment"]["versions"]["keras"] == keras.__version__
     (result,) = payload["results"]
@@ -85,10 +83,8 @@ def test_import_cost_compares_keras_and_keras_isobn(suite):
         assert statement["peak_rss_bytes"] > 50 * 2**20, name
         assert set(statement["modules"]) <= set(import_cost.HEAVY_MODULES)
     assert "keras_hub" not in statements["keras"]["modules"]
-    assert result["ratios"]["peak_rss"] == pytest.approx(
-        statements["keras_isobn"]["peak_rss_bytes"]
-        / statements["keras"]["peak_rss_bytes"]
-    )
+    peaks = [statements[n]["peak_rss_bytes"] for n in ("keras_isobn", "keras")]
+    assert result["ratios"]["peak_rss"] == pytest.approx(peaks[0] / peaks[1])
 
 
 def test_each_benchmark_writes_its_tables_and_goals(suite):
@@ -98,24 +94,21 @@ def test_each_benchmark_writes_its_tables_and_goals(suite):
         f"end_to_end_{BACKEND}_quick.md": "## Classifiers",
         "import_cost_quick.md": "## Backends",
     }
-    assert sorted(markdown) == sorted(
-        os.path.join(folder, name) for name in expected
-    )
+    paths = [os.path.join(folder, name) for name in expected]
+    assert sorted(markdown) == sorted(paths)
     for name, heading in expected.items():
         with open(os.path.join(folder, name)) as f:
             text = f.read()
         for part in ("## Goals", heading, "Machine: "):
             assert part in text, name
-        with open(os.path.join(folder, name[:-3] + ".json")) as f:
-            goals = json.load(f)["goals"]
+        goals = read(folder, name[:-3])["goals"]
         assert goals and all(g["measured"] in text for g in goals), name
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="no data-parallel engine")
 def test_distributed_step_times_every_head(tmp_path):
-    path = distributed_step.main(
-        ["--quick", "--backend", BACKEND, "--output", str(tmp_path)]
-    )
+    path = distributed_step.main(["--quick", "--backend", BACKEND,
+                                  "--output", str(tmp_path)])
     with open(path) as f:
         payload = json.load(f)
     runs = payload["runs"]
@@ -153,8 +146,7 @@ def test_end_to_end_checks_the_layer_alone_against_the_target(
         "results": [{"mode": "inference", "method": "isobn", "dim": 8,
                      "dtype": "float32", "median_s": layer_s}],
     }
-    measured, status = end_to_end.classifier_goal(
-        e2e, layer_cost, "inference", 0.001
-    )
+    measured, status = end_to_end.classifier_goal(e2e, layer_cost,
+                                                  "inference", 0.001)
     assert status == "not resolved by the paired timing; " + expected
     assert f"layer alone {100 * layer_s:.3f}%" in measured

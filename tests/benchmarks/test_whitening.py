@@ -26,21 +26,15 @@ def test_zca_whitens_like_float64_eigh(rng):
     whitening = vectors @ np.diag(values**-0.5) @ vectors.T
     np.testing.assert_allclose(y, centred @ whitening, rtol=1e-3, atol=1e-3)
     # Whitened: identity covariance (up to epsilon).
-    np.testing.assert_allclose(
-        np.cov(y.astype("float64"), rowvar=False, bias=True),
-        np.eye(6),
-        atol=1e-3,
-    )
+    covariance = np.cov(y.astype("float64"), rowvar=False, bias=True)
+    np.testing.assert_allclose(covariance, np.eye(6), atol=1e-3)
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(layer.moving_whitening),
-        np.eye(6) + 0.1 * (whitening - np.eye(6)),
-        rtol=1e-3,
-        atol=1e-3,
+        np.eye(6) + 0.1 * (whitening - np.eye(6)), rtol=1e-3, atol=1e-3,
     )
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(layer.moving_mean),
-        0.1 * x.astype("float64").mean(axis=0),
-        rtol=1e-5,
+        0.1 * x.astype("float64").mean(axis=0), rtol=1e-5,
     )
 
 
@@ -54,9 +48,8 @@ def test_iternorm_is_newton_iteration_in_float64(rng):
     p = np.eye(6)
     for _ in range(5):
         p = 1.5 * p - 0.5 * np.linalg.matrix_power(p, 3) @ (cov / trace)
-    np.testing.assert_allclose(
-        y, centred @ (p / np.sqrt(trace)), rtol=1e-3, atol=1e-3
-    )
+    whitened = centred @ (p / np.sqrt(trace))
+    np.testing.assert_allclose(y, whitened, rtol=1e-3, atol=1e-3)
 
 
 def test_iternorm_whitens_a_well_conditioned_batch(rng):
@@ -65,9 +58,8 @@ def test_iternorm_whitens_a_well_conditioned_batch(rng):
     x = rng.normal(size=(256, 4)).astype("float32") * [1.0, 1.5, 2.0, 0.8]
     layer = IterNormWhitening(iterations=8, epsilon=1e-5)
     y = keras.ops.convert_to_numpy(layer(x, training=True)).astype("float64")
-    np.testing.assert_allclose(
-        np.cov(y, rowvar=False, bias=True), np.eye(4), atol=1e-3
-    )
+    covariance = np.cov(y, rowvar=False, bias=True)
+    np.testing.assert_allclose(covariance, np.eye(4), atol=1e-3)
 
 
 def test_inference_uses_moving_statistics(rng):
@@ -77,17 +69,14 @@ def test_inference_uses_moving_statistics(rng):
     mean = keras.ops.convert_to_numpy(layer.moving_mean).astype("float64")
     whitening = keras.ops.convert_to_numpy(layer.moving_whitening)
     y = keras.ops.convert_to_numpy(layer(x, training=False))
-    np.testing.assert_allclose(
-        y, (x - mean) @ whitening.astype("float64"), rtol=1e-4, atol=1e-4
-    )
+    expected = (x - mean) @ whitening.astype("float64")
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_mixed_float16_keeps_float32_statistics(rng):
     x = correlated(rng).astype("float16")
-    for layer in (
-        ZCAWhitening(dtype="mixed_float16"),
-        IterNormWhitening(dtype="mixed_float16"),
-    ):
+    for layer in (ZCAWhitening(dtype="mixed_float16"),
+                  IterNormWhitening(dtype="mixed_float16")):
         y = layer(x, training=True)
         assert keras.backend.standardize_dtype(y.dtype) == "float16"
         assert layer.moving_whitening.dtype == "float32"
