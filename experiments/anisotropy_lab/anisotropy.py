@@ -165,13 +165,20 @@ def copy_pretraining_curve(preset, output):
     with open(path) as file:
         rows = list(csv.DictReader(file))
     step = [int(r["step"]) for r in rows]
-    figure, axes = pyplot.subplots(1, 2, figsize=(9, 3.2))
+    sides = [side for side in ("cls", "pooled") if f"{side}_ev3" in rows[0]]
+    panels = 3 if sides else 2  # Curves from before the EV columns: 2.
+    figure, axes = pyplot.subplots(1, panels, figsize=(4.5 * panels, 3.2))
     for axis, what in zip(axes, ("loss", "accuracy")):
         for split in ("train", "held_out"):
             values = [float(r[f"{split}_{what}"]) for r in rows]
             axis.plot(step, values, label=split.replace("_", "-"))
         axis.set(xlabel="step", title=f"masked-LM {what}")
         axis.legend()
+    for side in sides:
+        values = [float(r[f"{side}_ev3"]) for r in rows]
+        axes[2].plot(step, values, label=side)
+        axes[2].set(xlabel="step", title="EV_3, held-out sentences")
+        axes[2].legend()
     figure.tight_layout()
     figure.savefig(os.path.join(output, "pretraining.png"), dpi=100)
     pyplot.close(figure)

@@ -25,6 +25,13 @@ def _add_pretrain(commands):
         default=list(pretraining.CORPUS_TASKS),
         help="Tasks whose training sentences make the corpus.",
     )
+    p.add_argument(
+        "--from-preset",
+        help="Continue the masked-LM training of this BERT preset (e.g. "
+        "MiniLM's folder), on its own vocabulary, with a fresh masked-LM "
+        "head, instead of a new small BERT (--vocabulary-size, --layers, "
+        "--heads and --width are then the preset's).",
+    )
     p.add_argument("--vocabulary-size", type=int, default=8192)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)

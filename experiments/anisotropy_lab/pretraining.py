@@ -11,7 +11,13 @@ preset (`save_to_preset`: backbone and tokenizer) that `python
 recipes/glue.py --preset <dir>` fine-tunes like any other, and
 `pretraining.csv`, the curve of the masked-LM loss and masked-token
 accuracy on the training batches and on held-out sentences (dev sentences,
-masked once, never trained on).
+masked once, never trained on), beside the anisotropy of those sentences'
+[CLS] and pooled output (`anisotropy.measure`), from step 0 on.
+
+With `--from-preset`, a pretrained BERT (e.g. MiniLM-L6-H384, isotropic
+from its contrastive training) continues masked-LM training on its own
+vocabulary with a fresh `BertMaskedLM` head (word embeddings tied, as
+KerasHub ties them), to see whether MLM brings the anisotropy back.
 """
 
 import csv
@@ -185,19 +191,25 @@ def length_batches(x, y, sample_weight, batch_size, rng, multiple=16):
 
 
 def masked_language_model(args, tokenizer):
-    """The lab's `BertMaskedLM`, compiled: AdamW, warmup, loss per token."""
+    """The lab's `BertMaskedLM`, compiled: AdamW, warmup, loss per token.
+
+    On a new small BERT, or on the backbone of `args.from_preset`.
+    """
     import keras_hub
 
     from keras_isobn.optimizers import fine_tuning_adamw
 
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=args.layers,
-        num_heads=args.heads,
-        hidden_dim=args.width,
-        intermediate_dim=4 * args.width,
-        max_sequence_length=args.sequence_length,
-    )
+    if args.from_preset:
+        backbone = keras_hub.models.BertBackbone.from_preset(args.from_preset)
+    else:
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=tokenizer.vocabulary_size(),
+            num_layers=args.layers,
+            num_heads=args.heads,
+            hidden_dim=args.width,
+            intermediate_dim=4 * args.width,
+            max_sequence_length=args.sequence_length,
+        )
     masked_lm = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
     optimizer = fine_tuning_adamw(
         args.learning_rate,
@@ -216,15 +228,49 @@ def masked_language_model(args, tokenizer):
     return masked_lm
 
 
-def train(masked_lm, tokens, held_out, preprocessor, rng, args, start):
+def curve_point(masked_lm, held_out, held_tokens, **values):
+    """One row of the curve: held-out loss and accuracy, and the anisotropy
+    of the held-out sentences' [CLS] and pooled output (unmasked)."""
+    from experiments.anisotropy_lab.anisotropy import measure
+
+    held = masked_lm.evaluate(
+        *held_out[:2],
+        sample_weight=held_out[2],
+        batch_size=256,
+        verbose=0,
+        return_dict=True,
+    )
+    outputs = masked_lm.backbone.predict(held_tokens, batch_size=256, verbose=0)
+    sides = {
+        "cls": outputs["sequence_output"][:, 0],
+        "pooled": outputs["pooled_output"],
+    }
+    row = dict(
+        values, held_out_loss=held["loss"], held_out_accuracy=held["accuracy"]
+    )
+    for side, x in sides.items():
+        m = measure(np.asarray(x, dtype="float64"))
+        for key in ("ev1", "ev3", "std_p95_p5", "correlated_share"):
+            row[f"{side}_{key}"] = m[key]
+    return row
+
+
+def train(masked_lm, tokens, held_out, held_tokens, preprocessor, rng, args,
+          start):
     """`args.steps` steps, freshly masked each epoch; the learning curve.
 
     Returns:
-        `(curve, epochs_started)`: one dict per `args.log_every` steps (mean
-        training loss and accuracy since the last, held-out ones, elapsed
-        seconds since `start`).
+        `(curve, epochs_started)`: one dict at step 0 and per
+        `args.log_every` steps (mean training loss and accuracy since the
+        last, the held-out ones and the anisotropy, `curve_point`, and the
+        elapsed seconds since `start`).
     """
-    curve, logs, step, epoch = [], [], 0, 0
+    first = curve_point(
+        masked_lm, held_out, held_tokens, step=0, epoch=0,
+        train_loss=float("nan"), train_accuracy=float("nan"),
+    )
+    curve = [dict(first, elapsed_s=time.time() - start)]
+    logs, step, epoch = [], 0, 0
     while step < args.steps:
         x, y, weights = mask_tokens(tokens, preprocessor, rng)
         for batch in length_batches(x, y, weights, args.batch_size, rng):
@@ -236,26 +282,12 @@ def train(masked_lm, tokens, held_out, preprocessor, rng, args, start):
             step += 1
             if step % args.log_every and step < args.steps:
                 continue
-            held = masked_lm.evaluate(
-                *held_out[:2],
-                sample_weight=held_out[2],
-                batch_size=256,
-                verbose=0,
-                return_dict=True,
+            point = curve_point(
+                masked_lm, held_out, held_tokens, step=step, epoch=epoch,
+                train_loss=np.mean([log["loss"] for log in logs]),
+                train_accuracy=np.mean([log["accuracy"] for log in logs]),
             )
-            curve.append(
-                {
-                    "step": step,
-                    "epoch": epoch,
-                    "train_loss": np.mean([log["loss"] for log in logs]),
-                    "train_accuracy": np.mean(
-                        [log["accuracy"] for log in logs]
-                    ),
-                    "held_out_loss": held["loss"],
-                    "held_out_accuracy": held["accuracy"],
-                    "elapsed_s": time.time() - start,
-                }
-            )
+            curve.append(dict(point, elapsed_s=time.time() - start))
             logs = []
             values = ", ".join(f"{k} {v:.4g}" for k, v in curve[-1].items())
             print(f"[lab] {values}", flush=True)
@@ -286,8 +318,15 @@ def pretrain(args):
     )
     keras.utils.set_random_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    vocabulary = word_piece_vocabulary(singles, pairs, args.vocabulary_size)
-    tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
+    if args.from_preset:
+        tokenizer = keras_hub.models.BertTokenizer.from_preset(
+            args.from_preset
+        )
+    else:
+        vocabulary = word_piece_vocabulary(
+            singles, pairs, args.vocabulary_size
+        )
+        tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
     preprocessor = keras_hub.models.BertMaskedLMPreprocessor(
         tokenizer,
         sequence_length=args.sequence_length,
@@ -315,7 +354,7 @@ def pretrain(args):
 
     masked_lm = masked_language_model(args, tokenizer)
     curve, epochs = train(
-        masked_lm, tokens, held_out, preprocessor, rng, args, start
+        masked_lm, tokens, held_out, held_tokens, preprocessor, rng, args, start
     )
     masked_lm.backbone.save_to_preset(args.output)
     tokenizer.save_to_preset(args.output)

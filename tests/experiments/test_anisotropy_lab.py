@@ -168,7 +168,15 @@ def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
     assert summary["corpus"]["pairs"] == 480  # MRPC's sample.
     curve = (first / "pretraining.csv").read_text().splitlines()
     assert curve[0].startswith("step,epoch,train_loss,train_accuracy")
-    assert len(curve) == 3  # Steps 2 and 4.
+    assert len(curve) == 4  # Steps 0, 2 and 4.
+    header = curve[0].split(",")
+    for side in ("cls", "pooled"):
+        for key in ("ev1", "ev3", "std_p95_p5", "correlated_share"):
+            column = header.index(f"{side}_{key}")
+            values = [float(row.split(",")[column]) for row in curve[1:]]
+            assert all(np.isfinite(values)), (side, key)
+            if key.startswith("ev"):
+                assert all(0 < v <= 1 for v in values)
     command_line.main(
         ["pretrain", "--glue-dir", data, "--output", str(second), *TINY]
     )
@@ -240,3 +248,44 @@ def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
     assert (tables / "pretraining.csv").read_text() == (
         first / "pretraining.csv").read_text()
     assert os.path.getsize(tables / "pretraining.png") > 0
+
+
+def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
+    import keras_hub
+
+    # A tiny random BERT saved as a preset stands for MiniLM's folder.
+    vocabulary = glue.sample_vocabulary_path()
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
+    keras.utils.set_random_seed(3)
+    source = keras_hub.models.BertBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(), num_layers=1,
+        num_heads=2, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=64,
+    )
+    preset = tmp_path / "preset"
+    source.save_to_preset(str(preset))
+    tokenizer.save_to_preset(str(preset))
+
+    argv = ["pretrain", "--glue-dir", glue.sample_data_dir()]
+    argv += ["--from-preset", str(preset), "--sequence-length", "32"]
+    argv += "--batch-size 8 --steps 2 --log-every 2 --held-out 16".split()
+    argv += ["--corpus", "sst2"]
+    summary = command_line.main(argv + ["--output", str(tmp_path / "a")])
+    command_line.main(argv + ["--output", str(tmp_path / "b")])
+    assert summary["vocabulary_size"] == tokenizer.vocabulary_size()
+    assert summary["settings"]["from_preset"] == str(preset)
+    a = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "a"))
+    b = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "b"))
+    assert a.get_config() == source.get_config()
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)  # The same command, the same.
+    # Trained on from the preset's weights: near them, not equal.
+    moved = [not np.array_equal(w, s) for w, s in
+             zip(a.get_weights(), source.get_weights())]
+    assert any(moved)
+    np.testing.assert_allclose(
+        a.get_weights()[0], source.get_weights()[0], atol=0.05
+    )
+    vocabulary_file = tmp_path / "a" / "assets" / "tokenizer" / "vocabulary.txt"
+    with open(vocabulary) as file:
+        assert vocabulary_file.read_text().split() == file.read().split()
