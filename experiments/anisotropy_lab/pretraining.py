@@ -228,9 +228,10 @@ def masked_language_model(args, tokenizer):
     return masked_lm
 
 
-def curve_point(masked_lm, held_out, held_tokens, **values):
-    """One row of the curve: held-out loss and accuracy, and the anisotropy
-    of the held-out sentences' [CLS] and pooled output (unmasked)."""
+def curve_point(masked_lm, held_out, held_tokens, start, **values):
+    """One row of the curve: `values`, held-out loss and accuracy, the
+    anisotropy of the held-out sentences' [CLS] and pooled output
+    (unmasked), and the seconds elapsed since `start`."""
     from experiments.anisotropy_lab.anisotropy import measure
 
     held = masked_lm.evaluate(
@@ -252,6 +253,7 @@ def curve_point(masked_lm, held_out, held_tokens, **values):
         m = measure(np.asarray(x, dtype="float64"))
         for key in ("ev1", "ev3", "std_p95_p5", "correlated_share"):
             row[f"{side}_{key}"] = m[key]
+    row["elapsed_s"] = time.time() - start
     return row
 
 
@@ -265,11 +267,10 @@ def train(masked_lm, tokens, held_out, held_tokens, preprocessor, rng, args,
         last, the held-out ones and the anisotropy, `curve_point`, and the
         elapsed seconds since `start`).
     """
-    first = curve_point(
-        masked_lm, held_out, held_tokens, step=0, epoch=0,
+    curve = [curve_point(
+        masked_lm, held_out, held_tokens, start, step=0, epoch=0,
         train_loss=float("nan"), train_accuracy=float("nan"),
-    )
-    curve = [dict(first, elapsed_s=time.time() - start)]
+    )]
     logs, step, epoch = [], 0, 0
     while step < args.steps:
         x, y, weights = mask_tokens(tokens, preprocessor, rng)
@@ -282,12 +283,12 @@ def train(masked_lm, tokens, held_out, held_tokens, preprocessor, rng, args,
             step += 1
             if step % args.log_every and step < args.steps:
                 continue
-            point = curve_point(
-                masked_lm, held_out, held_tokens, step=step, epoch=epoch,
+            curve.append(curve_point(
+                masked_lm, held_out, held_tokens, start, step=step,
+                epoch=epoch,
                 train_loss=np.mean([log["loss"] for log in logs]),
                 train_accuracy=np.mean([log["accuracy"] for log in logs]),
-            )
-            curve.append(dict(point, elapsed_s=time.time() - start))
+            ))
             logs = []
             values = ", ".join(f"{k} {v:.4g}" for k, v in curve[-1].items())
             print(f"[lab] {values}", flush=True)
