@@ -19,6 +19,14 @@ paper's two claims on it, in three commands:
    (`paired_statistics.py`; `tables`, also a command of its own). Arguments
    after `--` go to the recipe, the same for every norm.
 
+`pretrain --from-preset DIR --pair-objective` adapts a pretrained BERT
+(MiniLM) instead: masked-LM training on its own vocabulary, and its pooler
+trained on real against drawn sentence pairs, as BERT's next-sentence
+prediction trains it. `bundle` and `pretrain-bundle`
+(`gpu_pretraining.py`) run `pretrain` on a GPU host without TensorFlow:
+the first builds the pre-tokenized, pre-masked corpus and wheels here, the
+second trains a larger BERT from it there and writes the preset.
+
 Usage, from the repository root (the full lab, as committed in
 `experiments/anisotropy_lab/results/`: about 2.5 hours on 2 cores):
 

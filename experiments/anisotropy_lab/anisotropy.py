@@ -66,8 +66,9 @@ def dev_features(glue_dir, task):
     return glue.load_split(task, "validation", data_dir=glue_dir).features
 
 
-def encoders(preset, sequence_length):
-    """`name -> (backbone, preprocessor)`: the lab's, untrained, MiniLM."""
+def encoders(preset, sequence_length, name="lab, pretrained"):
+    """`name -> (backbone, preprocessor)`: the preset's (as `name`), the
+    same network untrained, MiniLM."""
     import keras_hub
 
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
@@ -77,7 +78,7 @@ def encoders(preset, sequence_length):
     keras.utils.set_random_seed(0)
     untrained = keras_hub.models.BertBackbone.from_config(backbone.get_config())
     found = {
-        "lab, pretrained": (backbone, preprocessor),
+        name: (backbone, preprocessor),
         "lab, untrained (same shape)": (untrained, preprocessor),
     }
     try:
@@ -100,7 +101,7 @@ def anisotropy(args):
 
     os.makedirs(args.output, exist_ok=True)
     rows, embeddings = [], {}
-    found = encoders(args.preset, args.sequence_length)
+    found = encoders(args.preset, args.sequence_length, args.name)
     for name, (backbone, preprocessor) in found.items():
         for task in args.task:
             features = dev_features(args.glue_dir, task)
@@ -123,7 +124,7 @@ def anisotropy(args):
                 )
                 print(f"[lab] {name}, {task}, {side}: {values}", flush=True)
     task = args.task[0]
-    for name, tag in (("lab, pretrained", "lab"), ("MiniLM-L6-H384", "minilm")):
+    for name, tag in ((args.name, "lab"), ("MiniLM-L6-H384", "minilm")):
         if (name, task) not in embeddings:
             continue
         cls = embeddings[name, task]["cls"]
@@ -168,10 +169,15 @@ def copy_pretraining_curve(preset, output):
     sides = [side for side in ("cls", "pooled") if f"{side}_ev3" in rows[0]]
     panels = 3 if sides else 2  # Curves from before the EV columns: 2.
     figure, axes = pyplot.subplots(1, panels, figsize=(4.5 * panels, 3.2))
+    # With the pair objective: "mlm_" and "pair_" columns beside the total.
+    mlm = "mlm_" if "held_out_mlm_loss" in rows[0] else ""
     for axis, what in zip(axes, ("loss", "accuracy")):
         for split in ("train", "held_out"):
-            values = [float(r[f"{split}_{what}"]) for r in rows]
+            values = [float(r[f"{split}_{mlm}{what}"]) for r in rows]
             axis.plot(step, values, label=split.replace("_", "-"))
+        if mlm and what == "accuracy":
+            values = [float(r["held_out_pair_accuracy"]) for r in rows]
+            axis.plot(step, values, label="held-out pair objective")
         axis.set(xlabel="step", title=f"masked-LM {what}")
         axis.legend()
     for side in sides:

@@ -10,6 +10,7 @@ import sys
 from experiments import anisotropy_lab
 from experiments.anisotropy_lab import anisotropy
 from experiments.anisotropy_lab import fine_tuning
+from experiments.anisotropy_lab import gpu_pretraining
 from experiments.anisotropy_lab import pretraining
 
 __all__ = ["parse_args", "main"]
@@ -31,6 +32,13 @@ def _add_pretrain(commands):
         "MiniLM's folder), on its own vocabulary, with a fresh masked-LM "
         "head, instead of a new small BERT (--vocabulary-size, --layers, "
         "--heads and --width are then the preset's).",
+    )
+    p.add_argument(
+        "--pair-objective",
+        action="store_true",
+        help="Also train the pooler, as BERT's next-sentence prediction "
+        "does: real sentence pairs against pairs with a drawn second "
+        "sentence, from the pooled output.",
     )
     p.add_argument("--vocabulary-size", type=int, default=8192)
     p.add_argument("--layers", type=int, default=4)
@@ -56,6 +64,59 @@ def _add_pretrain(commands):
     p.add_argument("--seed", type=int, default=0)
 
 
+def _add_bundle(commands):
+    b = commands.add_parser(
+        "bundle",
+        help="Build the bundle that pretrain-bundle runs from on a GPU host.",
+    )
+    b.add_argument("--glue-dir", required=True)
+    b.add_argument("--output", required=True, help="A new folder.")
+    b.add_argument(
+        "--corpus", nargs="+", default=list(pretraining.CORPUS_TASKS)
+    )
+    b.add_argument("--vocabulary-size", type=int, default=8192)
+    b.add_argument("--sequence-length", type=int, default=128)
+    b.add_argument("--mask-length", type=int, default=20)
+    b.add_argument(
+        "--epochs", type=int, default=16, help="Epochs of masks drawn."
+    )
+    b.add_argument("--pair-objective", action="store_true")
+    b.add_argument("--held-out", type=int, default=1024)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument(
+        "--no-wheels",
+        action="store_true",
+        help="No wheels (the host has keras and keras-hub).",
+    )
+    b.add_argument(
+        "--python-version", default="3.12", help="The GPU host's Python."
+    )
+    b.add_argument("--max-mb", type=float, default=60.0)
+
+
+def _add_pretrain_bundle(commands):
+    g = commands.add_parser(
+        "pretrain-bundle",
+        help="Pretrain a new BERT on a bundle (no TensorFlow needed).",
+    )
+    g.add_argument("bundle", help="The folder `bundle` wrote.")
+    g.add_argument("--output", required=True, help="The preset folder.")
+    g.add_argument("--layers", type=int, default=6)
+    g.add_argument("--heads", type=int, default=6)
+    g.add_argument("--width", type=int, default=384)
+    g.add_argument("--batch-size", type=int, default=256)
+    g.add_argument("--steps", type=int, default=6000)
+    g.add_argument("--learning-rate", type=float, default=5e-4)
+    g.add_argument("--log-every", type=int, default=500)
+    g.add_argument(
+        "--minutes",
+        type=float,
+        default=7.0,
+        help="Stop (at a curve point) once this much time has passed.",
+    )
+    g.add_argument("--seed", type=int, default=0)
+
+
 def _add_anisotropy(commands):
     a = commands.add_parser("anisotropy", help="Measure the embeddings.")
     a.add_argument("--preset", required=True)
@@ -63,6 +124,9 @@ def _add_anisotropy(commands):
     a.add_argument("--output", required=True)
     a.add_argument("--task", nargs="+", default=list(anisotropy.EVAL_TASKS))
     a.add_argument("--sequence-length", type=int, default=64)
+    a.add_argument(
+        "--name", default="lab, pretrained", help="The preset's name in tables."
+    )
 
 
 def _add_fine_tuning(commands, name):
@@ -103,6 +167,8 @@ def parse_args(argv=None):
     )
     commands = parser.add_subparsers(dest="command", required=True)
     _add_pretrain(commands)
+    _add_bundle(commands)
+    _add_pretrain_bundle(commands)
     _add_anisotropy(commands)
     for name in ("experiment", "tables"):
         _add_fine_tuning(commands, name)
@@ -126,6 +192,8 @@ def main(argv=None):
         return fine_tuning.experiment(args, recipe_args)
     commands = {
         "pretrain": pretraining.pretrain,
+        "bundle": gpu_pretraining.bundle,
+        "pretrain-bundle": gpu_pretraining.pretrain_bundle,
         "anisotropy": anisotropy.anisotropy,
         "tables": fine_tuning.tables,
     }

@@ -18,9 +18,18 @@ With `--from-preset`, a pretrained BERT (e.g. MiniLM-L6-H384, isotropic
 from its contrastive training) continues masked-LM training on its own
 vocabulary with a fresh `BertMaskedLM` head (word embeddings tied, as
 KerasHub ties them), to see whether MLM brings the anisotropy back.
+
+Masked-LM training never reaches the pooler (`pooled_dense` only feeds
+the pooled output, which the masked-LM head does not read). With
+`--pair-objective` the pooler is trained as BERT's is, on a
+next-sentence-style task: each epoch, half of the corpus's sentence pairs
+(redrawn from the seed) get the second sentence of another pair, and a
+`Dense(2)` on the pooled output tells real pairs from drawn ones, beside
+the masked-LM loss (single sentences carry the masked-LM loss only).
 """
 
 import csv
+import functools
 import os
 import time
 
@@ -38,10 +47,13 @@ __all__ = [
     "word_piece_vocabulary",
     "pack_corpus",
     "mask_tokens",
+    "drawn_pairs",
+    "epoch_examples",
     "length_batches",
     "masked_language_model",
     "train",
     "pretrain",
+    "write_preset",
 ]
 
 CORPUS_TASKS = ("cola", "sst2", "mrpc", "stsb")
@@ -108,6 +120,9 @@ def pack_corpus(preprocessor, singles, pairs):
         pair = (np.asarray(pairs[0]), np.asarray(pairs[1]))
         parts.append(models.tokenize(packer, pair))
     keys = ("token_ids", "segment_ids", "padding_mask")
+    if not parts:
+        empty = np.zeros((0, packer.sequence_length), "int32")
+        return {key: empty for key in keys}
     return {
         key: np.concatenate([part[key] for part in parts]).astype("int32")
         for key in keys
@@ -163,6 +178,61 @@ def mask_tokens(tokens, preprocessor, rng):
     return x, labels.astype("int32"), weights
 
 
+def drawn_pairs(preprocessor, pairs, rng):
+    """Sentence pairs for the pair objective, packed: `(tokens, labels)`.
+
+    Half of the pairs (drawn from `rng`) keep their second sentence (label
+    1); the others get the second sentence of another pair (label 0), as
+    BERT's next-sentence prediction draws a random sentence.
+
+    Args:
+        preprocessor: A `BertMaskedLMPreprocessor` (its tokenizer and length).
+        pairs: `(first, second)`, equally long lists of at least 2 sentences.
+        rng: A NumPy `Generator`.
+    """
+    first, second = np.asarray(pairs[0]), np.asarray(pairs[1])
+    rows = len(first)
+    if rows < 2:
+        raise ValueError(
+            f"The pair objective needs at least 2 sentence pairs; the corpus "
+            f"has {rows}. Add a sentence-pair task (mrpc, stsb) to --corpus, "
+            f"or leave out --pair-objective."
+        )
+    swapped = rng.random(rows) < 0.5
+    other = (np.arange(rows) + rng.integers(1, rows, rows)) % rows  # Not self.
+    second = np.where(swapped, second[other], second)
+    tokens = pack_corpus(preprocessor, [], (list(first), list(second)))
+    return tokens, (~swapped).astype("int32")
+
+
+def epoch_examples(tokens, preprocessor, rng, pairs=None):
+    """One epoch's masked examples (`mask_tokens`), with the pair objective.
+
+    Args:
+        tokens: Packed rows (`pack_corpus`): the whole corpus, or with
+            `pairs`, the single sentences only.
+        preprocessor: The `BertMaskedLMPreprocessor`.
+        rng: A NumPy `Generator`.
+        pairs: `None`, or `(first, second)`: the sentence pairs, drawn anew
+            (`drawn_pairs`) and put after `tokens`.
+
+    Returns:
+        `(x, y, sample_weight)` as `mask_tokens` returns them; with
+        `pairs`, `y` and `sample_weight` are dicts `{"mlm": ..., "pair":
+        ...}`, the pair weight 0 for single sentences.
+    """
+    if pairs is None:
+        return mask_tokens(tokens, preprocessor, rng)
+    pair_tokens, labels = drawn_pairs(preprocessor, pairs, rng)
+    singles = len(tokens["token_ids"])
+    tokens = {k: np.concatenate([v, pair_tokens[k]]) for k, v in tokens.items()}
+    x, y, weights = mask_tokens(tokens, preprocessor, rng)
+    pair_labels = np.concatenate([np.zeros(singles, "int32"), labels])
+    pair_weights = np.repeat(np.float32([0, 1]), [singles, len(labels)])
+    y = {"mlm": y, "pair": pair_labels}
+    return x, y, {"mlm": weights, "pair": pair_weights}
+
+
 def length_batches(x, y, sample_weight, batch_size, rng, multiple=16):
     """Batches of rows of similar length, cut to it, in a random order.
 
@@ -172,7 +242,8 @@ def length_batches(x, y, sample_weight, batch_size, rng, multiple=16):
     of a group is left out of this epoch), and the batches shuffled.
 
     Yields:
-        `(x, y, sample_weight)` of one batch.
+        `(x, y, sample_weight)` of one batch (`y` and `sample_weight` arrays,
+        or dicts of them).
     """
     lengths = -(-x["padding_mask"].sum(axis=1) // multiple) * multiple
     batches = []
@@ -187,13 +258,21 @@ def length_batches(x, y, sample_weight, batch_size, rng, multiple=16):
             k: v[rows] if k == "mask_positions" else v[rows, :length]
             for k, v in x.items()
         }
-        yield cut, y[rows], sample_weight[rows]
+        yield cut, *keras.tree.map_structure(
+            lambda v: v[rows], (y, sample_weight)
+        )
 
 
-def masked_language_model(args, tokenizer):
+def masked_language_model(args, vocabulary_size):
     """The lab's `BertMaskedLM`, compiled: AdamW, warmup, loss per token.
 
-    On a new small BERT, or on the backbone of `args.from_preset`.
+    On a new small BERT, or on the backbone of `args.from_preset`. With
+    `args.pair_objective`, a functional model of the same backbone and
+    masked-LM head with a second output, `"pair"`: a `Dense(2)` on the
+    pooled output (outputs `{"mlm": ..., "pair": ...}`, losses summed).
+
+    Returns:
+        `(model, backbone)`.
     """
     import keras_hub
 
@@ -203,7 +282,7 @@ def masked_language_model(args, tokenizer):
         backbone = keras_hub.models.BertBackbone.from_preset(args.from_preset)
     else:
         backbone = keras_hub.models.BertBackbone(
-            vocabulary_size=tokenizer.vocabulary_size(),
+            vocabulary_size=vocabulary_size,
             num_layers=args.layers,
             num_heads=args.heads,
             hidden_dim=args.width,
@@ -211,6 +290,26 @@ def masked_language_model(args, tokenizer):
             max_sequence_length=args.sequence_length,
         )
     masked_lm = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+    loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight"
+    )  # Per masked token (per pair).
+    metrics = [keras.metrics.SparseCategoricalAccuracy("accuracy")]
+    if args.pair_objective:
+        features = backbone(backbone.input)
+        pair = keras.layers.Dense(
+            2,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            name="pair_head",
+        )(features["pooled_output"])
+        mask_positions = masked_lm.input["mask_positions"]
+        mlm = masked_lm.masked_lm_head(
+            features["sequence_output"], mask_positions
+        )
+        inputs = {**backbone.input, "mask_positions": mask_positions}
+        masked_lm = keras.Model(inputs, {"mlm": mlm, "pair": pair})
+        loss = {"mlm": loss, "pair": loss}
+        pair_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
+        metrics = {"mlm": metrics, "pair": [pair_accuracy]}
     optimizer = fine_tuning_adamw(
         args.learning_rate,
         total_steps=args.steps,
@@ -218,37 +317,45 @@ def masked_language_model(args, tokenizer):
         weight_decay=0.01,
         epsilon=1e-6,
     )
-    masked_lm.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="mean_with_sample_weight"
-        ),  # Per masked token.
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy("accuracy")],
-    )
-    return masked_lm
+    masked_lm.compile(optimizer=optimizer, loss=loss, weighted_metrics=metrics)
+    return masked_lm, backbone
 
 
-def curve_point(masked_lm, held_out, held_tokens, start, **values):
-    """One row of the curve: `values`, held-out loss and accuracy, the
-    anisotropy of the held-out sentences' [CLS] and pooled output
-    (unmasked), and the seconds elapsed since `start`."""
+def curve_point(model, backbone, held_out, held_tokens, start, logs, **values):
+    """One row of the curve.
+
+    `values`; the mean of each loss and metric over the training batches'
+    `logs` since the last row (`train_<name>`, NaN at step 0; the pair
+    objective's weighted by the batches' pairs, as most batches have none)
+    and on the held-out rows (`held_out_<name>`, one batch, so that the
+    pair loss is a mean over pairs); the anisotropy of the held-out
+    sentences' [CLS] and pooled output (unmasked); the seconds elapsed since
+    `start`.
+    """
     from experiments.anisotropy_lab.anisotropy import measure
 
-    held = masked_lm.evaluate(
+    held = model.evaluate(
         *held_out[:2],
         sample_weight=held_out[2],
-        batch_size=256,
+        batch_size=len(held_out[0]["token_ids"]),
         verbose=0,
         return_dict=True,
     )
-    outputs = masked_lm.backbone.predict(held_tokens, batch_size=256, verbose=0)
+    outputs = backbone.predict(held_tokens, batch_size=256, verbose=0)
     sides = {
         "cls": outputs["sequence_output"][:, 0],
         "pooled": outputs["pooled_output"],
     }
-    row = dict(
-        values, held_out_loss=held["loss"], held_out_accuracy=held["accuracy"]
-    )
+    held = {k: held[k] for k in sorted(held, key=lambda k: (k != "loss", k))}
+    row = dict(values)
+    for key in held:
+        weights = [log.get("pairs", 1) if "pair" in key else 1 for log in logs]
+        row[f"train_{key}"] = (
+            np.average([log[key] for log in logs], weights=weights)
+            if sum(weights)
+            else float("nan")
+        )
+    row.update({f"held_out_{key}": value for key, value in held.items()})
     for side, x in sides.items():
         m = measure(np.asarray(x, dtype="float64"))
         for key in ("ev1", "ev3", "std_p95_p5", "correlated_share"):
@@ -257,45 +364,47 @@ def curve_point(masked_lm, held_out, held_tokens, start, **values):
     return row
 
 
-def train(masked_lm, tokens, held_out, held_tokens, preprocessor, rng, args,
-          start):
+def train(model, backbone, next_epoch, held, rng, args, start):
     """`args.steps` steps, freshly masked each epoch; the learning curve.
 
+    Args:
+        next_epoch: Callable returning the next epoch's `(x, y,
+            sample_weight)`, as `epoch_examples` does.
+        held: `(held_out, held_tokens)`: the held-out examples and their
+            unmasked rows.
+        args: With `steps`, `batch_size`, `log_every` and optionally
+            `minutes`: training stops early, at a curve point, once that
+            much time has passed since `start`.
+
     Returns:
-        `(curve, epochs_started)`: one dict at step 0 and per
-        `args.log_every` steps (mean training loss and accuracy since the
-        last, the held-out ones and the anisotropy, `curve_point`, and the
-        elapsed seconds since `start`).
+        `(curve, epochs_started)`: the rows of `curve_point` at step 0 and
+        every `args.log_every` steps.
     """
-    curve = [curve_point(
-        masked_lm, held_out, held_tokens, start, step=0, epoch=0,
-        train_loss=float("nan"), train_accuracy=float("nan"),
-    )]
-    logs, step, epoch = [], 0, 0
-    while step < args.steps:
-        x, y, weights = mask_tokens(tokens, preprocessor, rng)
+    point = functools.partial(curve_point, model, backbone, *held, start)
+    curve = [point([], step=0, epoch=0)]
+    logs, step, epoch, late = [], 0, 0, False
+    minutes = getattr(args, "minutes", None)
+    while step < args.steps and not late:
+        x, y, weights = next_epoch()
         for batch in length_batches(x, y, weights, args.batch_size, rng):
-            logs.append(
-                masked_lm.train_on_batch(
-                    batch[0], batch[1], sample_weight=batch[2], return_dict=True
-                )
+            log = model.train_on_batch(
+                batch[0], batch[1], sample_weight=batch[2], return_dict=True
             )
+            if isinstance(batch[2], dict):
+                log["pairs"] = np.sum(batch[2]["pair"])
+            logs.append(log)
             step += 1
-            if step % args.log_every and step < args.steps:
+            late = bool(minutes) and time.time() - start > 60 * minutes
+            if step % args.log_every and step < args.steps and not late:
                 continue
-            curve.append(curve_point(
-                masked_lm, held_out, held_tokens, start, step=step,
-                epoch=epoch,
-                train_loss=np.mean([log["loss"] for log in logs]),
-                train_accuracy=np.mean([log["accuracy"] for log in logs]),
-            ))
+            curve.append(point(logs, step=step, epoch=epoch))
             logs = []
             values = ", ".join(f"{k} {v:.4g}" for k, v in curve[-1].items())
             print(f"[lab] {values}", flush=True)
-            if step == args.steps:
+            if step == args.steps or late:
                 break
         epoch += 1
-    return curve, epoch + 1
+    return curve, epoch
 
 
 def pretrain(args):
@@ -320,13 +429,9 @@ def pretrain(args):
     keras.utils.set_random_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     if args.from_preset:
-        tokenizer = keras_hub.models.BertTokenizer.from_preset(
-            args.from_preset
-        )
+        tokenizer = keras_hub.models.BertTokenizer.from_preset(args.from_preset)
     else:
-        vocabulary = word_piece_vocabulary(
-            singles, pairs, args.vocabulary_size
-        )
+        vocabulary = word_piece_vocabulary(singles, pairs, args.vocabulary_size)
         tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
     preprocessor = keras_hub.models.BertMaskedLMPreprocessor(
         tokenizer,
@@ -334,17 +439,24 @@ def pretrain(args):
         mask_selection_rate=0.15,
         mask_selection_length=args.mask_length,
     )
-    tokens = pack_corpus(preprocessor, singles, pairs)
+    # With the pair objective, pairs are drawn and packed anew each epoch.
+    drawn = pairs if args.pair_objective else None
+    tokens = pack_corpus(preprocessor, singles, ([], []) if drawn else pairs)
     held_singles, held_pairs = read_corpus(
         args.glue_dir, "validation", args.corpus
     )
-    held_tokens = pack_corpus(
+    held_singles = held_singles[: args.held_out]
+    held_pairs = [pair[: args.held_out // 4] for pair in held_pairs]
+    held_tokens = pack_corpus(preprocessor, held_singles, held_pairs)
+    held_out = epoch_examples(
+        (
+            pack_corpus(preprocessor, held_singles, ([], []))
+            if drawn
+            else held_tokens
+        ),
         preprocessor,
-        held_singles[: args.held_out],
-        [pair[: args.held_out // 4] for pair in held_pairs],
-    )
-    held_out = mask_tokens(
-        held_tokens, preprocessor, np.random.default_rng(args.seed + 1)
+        np.random.default_rng(args.seed + 1),
+        held_pairs if drawn else None,
     )
     print(
         f"[lab] vocabulary {tokenizer.vocabulary_size()} tokens; "
@@ -353,30 +465,69 @@ def pretrain(args):
         flush=True,
     )
 
-    masked_lm = masked_language_model(args, tokenizer)
+    model, backbone = masked_language_model(args, tokenizer.vocabulary_size())
     curve, epochs = train(
-        masked_lm, tokens, held_out, held_tokens, preprocessor, rng, args, start
+        model,
+        backbone,
+        lambda: epoch_examples(tokens, preprocessor, rng, drawn),
+        (held_out, held_tokens),
+        rng,
+        args,
+        start,
     )
-    masked_lm.backbone.save_to_preset(args.output)
     tokenizer.save_to_preset(args.output)
+    corpus_tokens = tokens["padding_mask"].sum()
+    if drawn:
+        pair_tokens = pack_corpus(preprocessor, [], pairs)
+        corpus_tokens += pair_tokens["padding_mask"].sum()
+    corpus = {
+        "sentences": len(singles),
+        "pairs": len(pairs[0]),
+        "tasks": list(args.corpus),
+        "split": "train",
+        "tokens": int(corpus_tokens),
+    }
+    held = {"rows": len(held_tokens["token_ids"]), "split": "validation"}
+    return write_preset(
+        args,
+        backbone,
+        curve,
+        start,
+        corpus=corpus,
+        held_out=held,
+        epochs_started=epochs,
+    )
+
+
+def write_preset(args, backbone, curve, start, **summary):
+    """Saves the backbone in `args.output` with the curve and summary.
+
+    Writes the backbone's part of the KerasHub preset (`save_to_preset`; the
+    caller adds the tokenizer's), `pretraining.csv` (the `curve` rows) and
+    `pretraining.json`: `summary`, the settings (`args` but paths; the
+    shape options only if the backbone was built from them), the
+    backbone's shape, the last curve row, the wall time since `start` and
+    the environment.
+
+    Returns:
+        The summary written.
+    """
+    backbone.save_to_preset(args.output)
     with open(os.path.join(args.output, "pretraining.csv"), "w") as file:
         writer = csv.DictWriter(file, fieldnames=list(curve[0]))
         writer.writeheader()
         writer.writerows(curve)
-    skipped = ("command", "glue_dir", "output")
+    skipped = ("command", "glue_dir", "output", "bundle")
+    if getattr(args, "from_preset", None):  # The shape is the preset's.
+        skipped += ("vocabulary_size", "layers", "heads", "width")
+    shape = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim")
+    config = backbone.get_config()
     summary = {
-        "corpus": {
-            "sentences": len(singles),
-            "pairs": len(pairs[0]),
-            "tasks": list(args.corpus),
-            "split": "train",
-            "tokens": int(tokens["padding_mask"].sum()),
-        },
-        "held_out": {"rows": len(held_out[1]), "split": "validation"},
-        "vocabulary_size": tokenizer.vocabulary_size(),
+        **summary,
+        "vocabulary_size": config["vocabulary_size"],
         "settings": {k: v for k, v in vars(args).items() if k not in skipped},
-        "parameters": masked_lm.backbone.count_params(),
-        "epochs_started": epochs,
+        "backbone": {k: config[k] for k in shape},
+        "parameters": backbone.count_params(),
         "final": curve[-1],
         "wall_time_s": time.time() - start,
         "environment": harness.environment(),

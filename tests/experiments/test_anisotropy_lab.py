@@ -44,7 +44,7 @@ def test_masking_follows_bert_and_is_seeded():
     )
     tokens = pretraining.pack_corpus(preprocessor, singles, pairs)
     assert len(tokens["token_ids"]) == len(singles) + len(pairs[0])
-    assert tokens["segment_ids"][len(singles):].max() == 1  # Pairs packed.
+    assert tokens["segment_ids"][len(singles) :].max() == 1  # Pairs packed.
     x, y, weights = pretraining.mask_tokens(
         tokens, preprocessor, np.random.default_rng(0)
     )
@@ -87,8 +87,12 @@ def test_length_batches_cut_the_padding_and_cover_each_row_once():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 64, size=100)
     mask = (np.arange(64) < lengths[:, None]).astype("int32")
-    x = {"token_ids": np.arange(100)[:, None] * mask, "padding_mask": mask,
-         "segment_ids": 0 * mask, "mask_positions": np.zeros((100, 3), "int32")}
+    x = {
+        "token_ids": np.arange(100)[:, None] * mask,
+        "padding_mask": mask,
+        "segment_ids": 0 * mask,
+        "mask_positions": np.zeros((100, 3), "int32"),
+    }
     y, weights = np.arange(100)[:, None] * np.ones((1, 3), "int32"), None
     seen = []
     for bx, by, _ in pretraining.length_batches(
@@ -109,8 +113,12 @@ def test_measure_finds_groups_and_spread():
     # Features 0-7 one correlated group (copies of z0 with a little noise),
     # the other 8 independent, with stds over two orders of magnitude.
     x = np.concatenate(
-        [z[:, :1] + 0.05 * rng.normal(size=(2000, 8)),
-         rng.normal(size=(2000, 8)) * np.logspace(-2, 0, 8)], axis=1)
+        [
+            z[:, :1] + 0.05 * rng.normal(size=(2000, 8)),
+            rng.normal(size=(2000, 8)) * np.logspace(-2, 0, 8),
+        ],
+        axis=1,
+    )
     m = anisotropy.measure(x)
     assert m["correlated_share"] == pytest.approx(0.5)
     assert m["group_size_max"] == pytest.approx(8, rel=0.05)
@@ -123,9 +131,11 @@ def test_measure_finds_groups_and_spread():
 
 def test_paired_comparison_is_a_t_interval_over_seeds():
     results = []
-    scores = {"none": [0.80, 0.82, 0.81, 0.79, 0.80],
-              "isobn": [0.83, 0.84, 0.84, 0.81, 0.83],
-              "batchnorm": [0.81, 0.80, 0.82, 0.80, 0.79]}
+    scores = {
+        "none": [0.80, 0.82, 0.81, 0.79, 0.80],
+        "isobn": [0.83, 0.84, 0.84, 0.81, 0.83],
+        "batchnorm": [0.81, 0.80, 0.82, 0.80, 0.79],
+    }
     for norm, values in scores.items():
         for seed, value in enumerate(values, start=1):
             results.append(
@@ -246,7 +256,8 @@ def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
     )
     assert os.path.getsize(tables / "cls_std_lab.png") > 0
     assert (tables / "pretraining.csv").read_text() == (
-        first / "pretraining.csv").read_text()
+        first / "pretraining.csv"
+    ).read_text()
     assert os.path.getsize(tables / "pretraining.png") > 0
 
 
@@ -258,8 +269,11 @@ def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
     tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
     keras.utils.set_random_seed(3)
     source = keras_hub.models.BertBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(), num_layers=1,
-        num_heads=2, hidden_dim=16, intermediate_dim=32,
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
         max_sequence_length=64,
     )
     preset = tmp_path / "preset"
@@ -280,8 +294,10 @@ def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
     for wa, wb in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_array_equal(wa, wb)  # The same command, the same.
     # Trained on from the preset's weights: near them, not equal.
-    moved = [not np.array_equal(w, s) for w, s in
-             zip(a.get_weights(), source.get_weights())]
+    moved = [
+        not np.array_equal(w, s)
+        for w, s in zip(a.get_weights(), source.get_weights())
+    ]
     assert any(moved)
     np.testing.assert_allclose(
         a.get_weights()[0], source.get_weights()[0], atol=0.05
@@ -289,3 +305,75 @@ def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
     vocabulary_file = tmp_path / "a" / "assets" / "tokenizer" / "vocabulary.txt"
     with open(vocabulary) as file:
         assert vocabulary_file.read_text().split() == file.read().split()
+    # Masked-LM training does not reach the pooler: it stays as it was, but
+    # for AdamW's weight decay where the backend gives it a zero gradient.
+    pooler = [w.path for w in a.weights].index("pooled_dense/kernel")
+    np.testing.assert_allclose(
+        a.weights[pooler].numpy(), source.weights[pooler].numpy(), rtol=1e-4
+    )
+    assert summary["backbone"]["hidden_dim"] == 16
+    assert "layers" not in summary["settings"]  # The preset's, not ours.
+
+    # The pair objective trains it, and the curve follows the pair head.
+    pair = command_line.main(
+        argv[:-1]
+        + ["mrpc", "--pair-objective", "--output", str(tmp_path / "c")]
+    )
+    command_line.main(
+        argv[:-1]
+        + ["mrpc", "--pair-objective", "--output", str(tmp_path / "d")]
+    )
+    c = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "c"))
+    d = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "d"))
+    for wc, wd in zip(c.get_weights(), d.get_weights()):
+        np.testing.assert_array_equal(wc, wd)  # Pairs drawn from the seed.
+    assert not np.allclose(
+        c.weights[pooler].numpy(), source.weights[pooler].numpy(), rtol=1e-4
+    )
+    curve = (tmp_path / "c" / "pretraining.csv").read_text().splitlines()
+    header = curve[0].split(",")
+    for key in ("held_out_pair_accuracy", "train_mlm_loss", "pooled_ev3"):
+        assert np.isfinite(float(curve[-1].split(",")[header.index(key)]))
+    assert 0 <= pair["final"]["held_out_pair_accuracy"] <= 1
+
+
+def test_drawn_pairs_swap_half_of_the_second_sentences_with_a_seed():
+    preprocessor = _preprocessor(sequence_length=32)
+    _, pairs = pretraining.read_corpus(glue.sample_data_dir(), tasks=["mrpc"])
+    tokens, labels = pretraining.drawn_pairs(
+        preprocessor, pairs, np.random.default_rng(0)
+    )
+    real = pretraining.pack_corpus(preprocessor, [], pairs)["token_ids"]
+    kept = labels == 1
+    assert 0.4 < kept.mean() < 0.6
+    np.testing.assert_array_equal(tokens["token_ids"][kept], real[kept])
+    # A drawn pair keeps its first sentence (its start: packing truncates
+    # the longer sentence) and gets another second one.
+    np.testing.assert_array_equal(
+        tokens["token_ids"][~kept, :6], real[~kept, :6]
+    )
+    assert all(
+        not np.array_equal(t, r)
+        for t, r in zip(tokens["token_ids"][~kept], real[~kept])
+    )
+    again, _ = pretraining.drawn_pairs(
+        preprocessor, pairs, np.random.default_rng(0)
+    )
+    np.testing.assert_array_equal(again["token_ids"], tokens["token_ids"])
+
+    x, y, weights = pretraining.epoch_examples(
+        pretraining.pack_corpus(
+            preprocessor, ["a short one", "and two"], ([], [])
+        ),
+        preprocessor,
+        np.random.default_rng(1),
+        pairs,
+    )
+    assert len(x["token_ids"]) == 2 + len(labels)
+    np.testing.assert_array_equal(weights["pair"][:2], [0, 0])
+    assert weights["pair"][2:].min() == 1
+    assert set(y["pair"][2:]) == {0, 1}
+    with pytest.raises(ValueError, match="at least 2 sentence pairs"):
+        pretraining.drawn_pairs(
+            preprocessor, (["one"], ["two"]), np.random.default_rng(0)
+        )
