@@ -175,13 +175,41 @@ def download_wheels(folder, python_version, packages=WHEELS):
     return sorted(os.path.basename(p) for p in glob.glob(f"{folder}/*.whl"))
 
 
+def new_folder(path):
+    """Makes the folder of a bundle: a new or empty one, never one with files."""
+    if os.path.exists(path) and os.listdir(path):
+        raise FileExistsError(
+            f"{path!r} exists and is not empty; give a new folder "
+            "(a bundle is never written over another).")
+    os.makedirs(path, exist_ok=True)
+
+
+def write_manifest(folder, manifest, max_mb, smaller):
+    """Adds the builder, files and bytes to `manifest` and writes it.
+
+    Fails once written if the folder holds more than `max_mb` MB, saying
+    what to bundle less of (`smaller`).
+    """
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            files[os.path.relpath(path, folder)] = os.path.getsize(path)
+    manifest.update(
+        builder=harness.environment(backend=False),
+        files=dict(sorted(files.items())), bytes=sum(files.values()))
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    if manifest["bytes"] > max_mb * 1e6:
+        raise ValueError(
+            f"The bundle holds {manifest['bytes'] / 1e6:.1f} MB, over "
+            f"--max-mb {max_mb}; bundle {smaller} or no wheels.")
+    return manifest
+
+
 def build(args):
     """Writes the bundle of the parsed `args`; returns its manifest."""
-    if os.path.exists(args.output) and os.listdir(args.output):
-        raise FileExistsError(
-            f"{args.output!r} exists and is not empty; give a new folder "
-            "(the bundle is never written over another).")
-    os.makedirs(args.output, exist_ok=True)
+    new_folder(args.output)
     checkpoint = os.path.join(args.output, "checkpoint")
     if args.checkpoint == "tiny":
         from keras_isobn.glue import sample_vocabulary_path
@@ -203,11 +231,6 @@ def build(args):
         config = json.load(f)
     shape = ("vocab_size", "num_hidden_layers", "hidden_size",
              "num_attention_heads", "intermediate_size")
-    files = {}
-    for root, _, names in os.walk(args.output):
-        for name in names:
-            path = os.path.join(root, name)
-            files[os.path.relpath(path, args.output)] = os.path.getsize(path)
     manifest = {
         "bundle": "keras-isobn gpu_check",
         "task": task.name,
@@ -221,17 +244,8 @@ def build(args):
         "seed": args.seed,
         "wheels": wheels,
         "python_version": args.python_version,
-        "builder": harness.environment(backend=False),
-        "files": dict(sorted(files.items())),
-        "bytes": sum(files.values()),
     }
-    with open(os.path.join(args.output, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
-    if manifest["bytes"] > args.max_mb * 1e6:
-        raise ValueError(
-            f"The bundle holds {manifest['bytes'] / 1e6:.1f} MB, over "
-            f"--max-mb {args.max_mb}; bundle fewer examples or no wheels.")
-    return manifest
+    return write_manifest(args.output, manifest, args.max_mb, "fewer examples")
 
 
 OPTIONS = {

@@ -16,16 +16,52 @@ from experiments.anisotropy_lab import pretraining
 __all__ = ["parse_args", "main"]
 
 
-def _add_pretrain(commands):
-    p = commands.add_parser("pretrain", help="Pretrain and write a preset.")
-    p.add_argument("--glue-dir", required=True)
-    p.add_argument("--output", required=True, help="The preset folder.")
-    p.add_argument(
+def _add_corpus_options(parser, sequence_length, mask_length):
+    """The corpus and masking options of `pretrain` and `bundle`."""
+    parser.add_argument("--glue-dir", required=True)
+    parser.add_argument(
         "--corpus",
         nargs="+",
         default=list(pretraining.CORPUS_TASKS),
         help="Tasks whose training sentences make the corpus.",
     )
+    parser.add_argument(
+        "--pair-objective",
+        action="store_true",
+        help="Also train the pooler, as BERT's next-sentence prediction "
+        "does: real sentence pairs against pairs with a drawn second "
+        "sentence, from the pooled output.",
+    )
+    parser.add_argument("--vocabulary-size", type=int, default=8192)
+    parser.add_argument("--sequence-length", type=int, default=sequence_length)
+    parser.add_argument(
+        "--mask-length",
+        type=int,
+        default=mask_length,
+        help="At most this many masked tokens per sequence.",
+    )
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        default=1024,
+        help="Held-out dev sentences (and a quarter as pairs).",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _add_training_options(parser, shape, batch_size, steps, rate, log_every):
+    """The model and training options of `pretrain` and `pretrain-bundle`."""
+    for name, default in zip(("layers", "heads", "width"), shape):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--learning-rate", type=float, default=rate)
+    parser.add_argument("--log-every", type=int, default=log_every)
+
+
+def _add_pretrain(commands):
+    p = commands.add_parser("pretrain", help="Pretrain and write a preset.")
+    p.add_argument("--output", required=True, help="The preset folder.")
     p.add_argument(
         "--from-preset",
         help="Continue the masked-LM training of this BERT preset (e.g. "
@@ -33,35 +69,8 @@ def _add_pretrain(commands):
         "head, instead of a new small BERT (--vocabulary-size, --layers, "
         "--heads and --width are then the preset's).",
     )
-    p.add_argument(
-        "--pair-objective",
-        action="store_true",
-        help="Also train the pooler, as BERT's next-sentence prediction "
-        "does: real sentence pairs against pairs with a drawn second "
-        "sentence, from the pooled output.",
-    )
-    p.add_argument("--vocabulary-size", type=int, default=8192)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--sequence-length", type=int, default=64)
-    p.add_argument(
-        "--mask-length",
-        type=int,
-        default=10,
-        help="At most this many masked tokens per sequence.",
-    )
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--log-every", type=int, default=100)
-    p.add_argument(
-        "--held-out",
-        type=int,
-        default=1024,
-        help="Held-out dev sentences (and a quarter as pairs).",
-    )
-    p.add_argument("--seed", type=int, default=0)
+    _add_corpus_options(p, sequence_length=64, mask_length=10)
+    _add_training_options(p, (4, 4, 256), 128, 2000, 1e-3, 100)
 
 
 def _add_bundle(commands):
@@ -69,20 +78,11 @@ def _add_bundle(commands):
         "bundle",
         help="Build the bundle that pretrain-bundle runs from on a GPU host.",
     )
-    b.add_argument("--glue-dir", required=True)
     b.add_argument("--output", required=True, help="A new folder.")
-    b.add_argument(
-        "--corpus", nargs="+", default=list(pretraining.CORPUS_TASKS)
-    )
-    b.add_argument("--vocabulary-size", type=int, default=8192)
-    b.add_argument("--sequence-length", type=int, default=128)
-    b.add_argument("--mask-length", type=int, default=20)
+    _add_corpus_options(b, sequence_length=128, mask_length=20)
     b.add_argument(
         "--epochs", type=int, default=16, help="Epochs of masks drawn."
     )
-    b.add_argument("--pair-objective", action="store_true")
-    b.add_argument("--held-out", type=int, default=1024)
-    b.add_argument("--seed", type=int, default=0)
     b.add_argument(
         "--no-wheels",
         action="store_true",
@@ -101,13 +101,7 @@ def _add_pretrain_bundle(commands):
     )
     g.add_argument("bundle", help="The folder `bundle` wrote.")
     g.add_argument("--output", required=True, help="The preset folder.")
-    g.add_argument("--layers", type=int, default=6)
-    g.add_argument("--heads", type=int, default=6)
-    g.add_argument("--width", type=int, default=384)
-    g.add_argument("--batch-size", type=int, default=256)
-    g.add_argument("--steps", type=int, default=6000)
-    g.add_argument("--learning-rate", type=float, default=5e-4)
-    g.add_argument("--log-every", type=int, default=500)
+    _add_training_options(g, (6, 6, 384), 256, 6000, 5e-4, 500)
     g.add_argument(
         "--minutes",
         type=float,

@@ -13,6 +13,7 @@ used), with the lab's curve, and writes the preset: the backbone's half
 and the bundle's tokenizer.
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -21,10 +22,16 @@ import time
 import keras
 import numpy as np
 
-from benchmarks import harness
 from experiments.anisotropy_lab import pretraining
 
-__all__ = ["pack_epoch", "padded", "unpack_epoch", "bundle", "pretrain_bundle"]
+__all__ = [
+    "pack_epoch",
+    "unpadded",
+    "padded",
+    "unpack_epoch",
+    "bundle",
+    "pretrain_bundle",
+]
 
 
 def pack_epoch(x, y, sample_weight):
@@ -33,15 +40,12 @@ def pack_epoch(x, y, sample_weight):
     Token and segment ids are kept for the unpadded positions only, ids as
     16-bit integers (vocabularies < 65,536 tokens), the rest as 8-bit.
     """
-    present = x["padding_mask"].astype(bool)
     pairs = isinstance(y, dict)
     labels, weights = (
         (y["mlm"], sample_weight["mlm"]) if pairs else (y, sample_weight)
     )
     packed = {
-        "lengths": present.sum(axis=1).astype("uint8"),
-        "token_ids": x["token_ids"][present].astype("uint16"),
-        "segment_ids": x["segment_ids"][present].astype("uint8"),
+        **unpadded(x),
         "mask_positions": x["mask_positions"].astype("uint8"),
         "labels": labels.astype("uint16"),
         "weights": weights.astype("uint8"),
@@ -52,8 +56,19 @@ def pack_epoch(x, y, sample_weight):
     return packed
 
 
+def unpadded(x):
+    """BERT inputs as `"lengths"` and the unpadded token and segment ids."""
+    present = x["padding_mask"].astype(bool)
+    return {
+        "lengths": present.sum(axis=1).astype("uint8"),
+        "token_ids": x["token_ids"][present].astype("uint16"),
+        "segment_ids": x["segment_ids"][present].astype("uint8"),
+    }
+
+
 def padded(packed, sequence_length):
-    """The packed rows (`"lengths"`, unpadded ids) as int32 BERT inputs."""
+    """The packed rows (`"lengths"`, unpadded ids) as int32 BERT inputs;
+    the inverse of `unpadded`."""
     present = np.arange(sequence_length) < packed["lengths"][:, None]
     x = {"padding_mask": present.astype("int32")}
     for key in ("token_ids", "segment_ids"):
@@ -85,13 +100,9 @@ def bundle(args):
     """
     import keras_hub
 
-    from benchmarks.gpu_bundle import download_wheels
+    from benchmarks import gpu_bundle
 
-    if os.path.exists(args.output) and os.listdir(args.output):
-        raise FileExistsError(
-            f"{args.output!r} exists and is not empty; give a new folder "
-            "(a bundle is never written over another)."
-        )
+    gpu_bundle.new_folder(args.output)
     singles, pairs = pretraining.read_corpus(
         args.glue_dir, "train", args.corpus
     )
@@ -132,27 +143,15 @@ def bundle(args):
     )
     for key, value in pack_epoch(*held_out).items():
         arrays[f"held_out_{key}"] = value
-    present = held["padding_mask"].astype(bool)
-    arrays["held_tokens_lengths"] = present.sum(axis=1).astype("uint8")
-    arrays["held_tokens_token_ids"] = held["token_ids"][present].astype(
-        "uint16"
-    )
-    arrays["held_tokens_segment_ids"] = held["segment_ids"][present].astype(
-        "uint8"
-    )
+    for key, value in unpadded(held).items():
+        arrays[f"held_tokens_{key}"] = value
 
-    os.makedirs(args.output)
     np.savez_compressed(os.path.join(args.output, "corpus.npz"), **arrays)
     tokenizer.save_to_preset(os.path.join(args.output, "tokenizer"))
     wheels = []
     if not args.no_wheels:
         folder = os.path.join(args.output, "wheels")
-        wheels = download_wheels(folder, args.python_version)
-    files = {}
-    for root, _, names in os.walk(args.output):
-        for name in names:
-            path = os.path.join(root, name)
-            files[os.path.relpath(path, args.output)] = os.path.getsize(path)
+        wheels = gpu_bundle.download_wheels(folder, args.python_version)
     manifest = {
         "bundle": "keras-isobn anisotropy lab pretraining",
         "corpus": {
@@ -171,17 +170,10 @@ def bundle(args):
         "seed": args.seed,
         "wheels": wheels,
         "python_version": args.python_version,
-        "builder": harness.environment(backend=False),
-        "files": dict(sorted(files.items())),
-        "bytes": sum(files.values()),
     }
-    with open(os.path.join(args.output, "manifest.json"), "w") as file:
-        json.dump(manifest, file, indent=2)
-    if manifest["bytes"] > args.max_mb * 1e6:
-        raise ValueError(
-            f"The bundle holds {manifest['bytes'] / 1e6:.1f} MB, over "
-            f"--max-mb {args.max_mb}; bundle fewer --epochs or no wheels."
-        )
+    gpu_bundle.write_manifest(
+        args.output, manifest, args.max_mb, "fewer --epochs"
+    )
     print(
         f"[lab] bundle {args.output}: {manifest['bytes'] / 1e6:.1f} MB, "
         f"{args.epochs} masked epochs of {manifest['corpus']['rows']} rows",
@@ -218,7 +210,7 @@ def pretrain_bundle(args):
 
     held_out = unpack_epoch(part("held_out_"), length)
     held = padded(part("held_tokens_"), length)
-    epochs = iter(range(1 << 30))
+    epochs = itertools.count()
 
     def next_epoch():
         stored = next(epochs) % manifest["epochs"]  # Again from the first.
