@@ -69,6 +69,13 @@ def _add_pretrain(commands):
         "head, instead of a new small BERT (--vocabulary-size, --layers, "
         "--heads and --width are then the preset's).",
     )
+    p.add_argument(
+        "--train-top-layers",
+        type=int,
+        help="Train only this many top transformer layers, with the pooler "
+        "and the heads; the embeddings and the layers below keep their "
+        "weights (default: train all).",
+    )
     _add_corpus_options(p, sequence_length=64, mask_length=10)
     _add_training_options(p, (4, 4, 256), 128, 2000, 1e-3, 100)
 

@@ -51,6 +51,7 @@ __all__ = [
     "epoch_examples",
     "length_batches",
     "masked_language_model",
+    "freeze_below",
     "train",
     "pretrain",
     "write_preset",
@@ -289,6 +290,8 @@ def masked_language_model(args, vocabulary_size):
             intermediate_dim=4 * args.width,
             max_sequence_length=args.sequence_length,
         )
+    if getattr(args, "train_top_layers", None) is not None:
+        freeze_below(backbone, args.train_top_layers)
     masked_lm = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
     loss = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction="mean_with_sample_weight"
@@ -319,6 +322,33 @@ def masked_language_model(args, vocabulary_size):
     )
     masked_lm.compile(optimizer=optimizer, loss=loss, weighted_metrics=metrics)
     return masked_lm, backbone
+
+
+def freeze_below(backbone, top_layers):
+    """Freezes a BERT backbone but its top `top_layers` and its pooler.
+
+    The embeddings (with them the masked-LM head's tied output projection)
+    and the lower transformer layers keep their weights; the top
+    `top_layers` transformer layers and `pooled_dense` train, as do the
+    heads put on the backbone.
+
+    Args:
+        backbone: A `keras_hub.models.BertBackbone`.
+        top_layers: Integer in `[0, num_layers]`.
+    """
+    num_layers = backbone.num_layers
+    if not 0 <= top_layers <= num_layers:
+        raise ValueError(
+            f"--train-top-layers must be in [0, {num_layers}], the "
+            f"backbone's transformer layers. Received: {top_layers}"
+        )
+    trained = {"pooled_dense"} | {
+        f"transformer_layer_{i}"
+        for i in range(num_layers - top_layers, num_layers)
+    }
+    for layer in backbone.layers:
+        if layer.weights and layer.name not in trained:
+            layer.trainable = False
 
 
 def curve_point(model, backbone, held_out, held_tokens, start, logs, **values):

@@ -261,24 +261,31 @@ def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
     assert os.path.getsize(tables / "pretraining.png") > 0
 
 
-def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
+def _tiny_preset(folder, num_layers=1):
+    """A tiny random BERT preset, standing for MiniLM's folder."""
     import keras_hub
 
-    # A tiny random BERT saved as a preset stands for MiniLM's folder.
     vocabulary = glue.sample_vocabulary_path()
     tokenizer = keras_hub.models.BertTokenizer(vocabulary, lowercase=True)
     keras.utils.set_random_seed(3)
     source = keras_hub.models.BertBackbone(
         vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=1,
+        num_layers=num_layers,
         num_heads=2,
         hidden_dim=16,
         intermediate_dim=32,
         max_sequence_length=64,
     )
+    source.save_to_preset(str(folder))
+    tokenizer.save_to_preset(str(folder))
+    return source, tokenizer, vocabulary
+
+
+def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
+    import keras_hub
+
     preset = tmp_path / "preset"
-    source.save_to_preset(str(preset))
-    tokenizer.save_to_preset(str(preset))
+    source, tokenizer, vocabulary = _tiny_preset(preset)
 
     argv = ["pretrain", "--glue-dir", glue.sample_data_dir()]
     argv += ["--from-preset", str(preset), "--sequence-length", "32"]
@@ -335,6 +342,37 @@ def test_pretrain_continues_a_preset_on_its_own_vocabulary(tmp_path):
     for key in ("held_out_pair_accuracy", "train_mlm_loss", "pooled_ev3"):
         assert np.isfinite(float(curve[-1].split(",")[header.index(key)]))
     assert 0 <= pair["final"]["held_out_pair_accuracy"] <= 1
+
+
+def test_pretrain_trains_only_the_top_layers_asked(tmp_path):
+    import keras_hub
+
+    preset = tmp_path / "preset"
+    source, _, _ = _tiny_preset(preset, num_layers=2)
+    argv = ["pretrain", "--glue-dir", glue.sample_data_dir()]
+    argv += ["--from-preset", str(preset), "--sequence-length", "32"]
+    argv += "--batch-size 8 --steps 2 --log-every 2 --held-out 16".split()
+    argv += ["--corpus", "mrpc", "--pair-objective"]
+    summary = command_line.main(
+        argv + ["--train-top-layers", "1", "--output", str(tmp_path / "a")]
+    )
+    assert summary["settings"]["train_top_layers"] == 1
+    a = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "a"))
+    trained = ("transformer_layer_1/", "pooled_dense/")
+    for new, old in zip(a.weights, source.weights):
+        if new.path.startswith(trained):
+            continue
+        # Frozen: not even AdamW's weight decay moves them.
+        np.testing.assert_array_equal(new.numpy(), old.numpy(), new.path)
+    for path in ("transformer_layer_1/", "pooled_dense/"):
+        assert any(
+            not np.array_equal(new.numpy(), old.numpy())
+            for new, old in zip(a.weights, source.weights)
+            if new.path.startswith(path)
+        ), path
+    # A count beyond the backbone's layers is refused.
+    with pytest.raises(ValueError, match=r"--train-top-layers.*\[0, 2\]"):
+        pretraining.freeze_below(a, 3)
 
 
 def test_drawn_pairs_swap_half_of_the_second_sentences_with_a_seed():
