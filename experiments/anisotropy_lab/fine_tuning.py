@@ -6,6 +6,7 @@ the same recipe arguments for every norm); the results go to one
 comparison of each norm with plain fine-tuning (`paired_statistics`).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,9 @@ def experiment(args, recipe_args):
     """Runs `recipes/glue.py` once per task (all norms and seeds), then tables.
 
     A run already finished is skipped by the recipe, so the same command
-    resumes an interrupted experiment.
+    resumes an interrupted experiment. Each call first adds its machine,
+    versions and date to `environments.jsonl` in `args.output` (the
+    recipe's results record the versions only).
 
     Args:
         args: The parsed `experiment` command line (see `command_line.py`).
@@ -33,6 +36,9 @@ def experiment(args, recipe_args):
     Returns:
         What `tables` returns.
     """
+    os.makedirs(args.output, exist_ok=True)
+    with open(os.path.join(args.output, "environments.jsonl"), "a") as file:
+        file.write(json.dumps(harness.environment()) + "\n")
     for task in args.task:
         command = [
             sys.executable,

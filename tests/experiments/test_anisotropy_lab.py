@@ -224,6 +224,9 @@ def test_pretrain_is_repeatable_and_the_recipe_fine_tunes_the_preset(
     assert result["hyperparameters"]["train_limit"] == 32
     assert 0.0 <= result["dev_metrics"]["accuracy"] <= 1.0
     assert out["paired"] == []  # One seed: no interval, no claim.
+    (environment,) = (tables / "environments.jsonl").read_text().splitlines()
+    environment = json.loads(environment)
+    assert environment["cpu_model"] and environment["versions"]["keras"]
     for name in ("table1.md", "table2.md", "paired.md", "paired.json"):
         assert os.path.getsize(tables / name) > 0
     # The runs, one line each, beside the tables; and the tables again
