@@ -42,8 +42,7 @@ NAMES = {
 OPTIONS = {
     "devices": ([1, 2, 4], "Numbers of devices (replicas)."),
     "batch_size": (32, "Global batch."),
-    "hidden_dim": (128, "Hidden size of the classifier (the normalized "
-                   "features)."),
+    "hidden_dim": (128, "Hidden size (the normalized features)."),
     "sequence_length": (64, "Tokens per example."),
     "steps": (12, "Steps per timed epoch (with --processes: timed steps, "
               "30 if not given)."),
@@ -84,10 +83,8 @@ def build(head, args):
 def data(args):
     """Random token ids and labels for `args.steps` global batches."""
     rng = np.random.default_rng(0)
-    n = args.batch_size * args.steps
-    length = args.sequence_length
-    # int32 padding mask: Keras cannot fit bool inputs under a
-    # multi-replica tf.distribute strategy.
+    n, length = args.batch_size * args.steps, args.sequence_length
+    # int32: Keras cannot fit bool inputs under a multi-replica strategy.
     lengths = rng.integers(4, length + 1, size=(n, 1))
     padding_mask = (np.arange(length)[None] < lengths).astype("int32")
     x = {"token_ids": rng.integers(1, 1000, size=(n, length)) * padding_mask,
@@ -126,7 +123,7 @@ def measure(args):
     return {"environment": harness.environment(), "results": results}
 
 
-def allreduce_floats(head, backend, replicas, hidden_dim):
+def allreduce_floats(head, backend, replicas, d):
     """Floats all-reduced per step for the statistics (not gradients).
 
     TensorFlow's synchronized heads all-reduce through `keras.ops.moments(
@@ -134,7 +131,6 @@ def allreduce_floats(head, backend, replicas, hidden_dim):
     it `[count, sums]`, `[count, sums of squares]` and `[count, outer
     products]`. On JAX the compiler inserts what the global batch needs.
     """
-    d = hidden_dim
     if backend != "tensorflow" or replicas == 1 or head[-5:] != "_sync":
         return 0
     if head == "isobn_sync":

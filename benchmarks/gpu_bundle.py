@@ -52,11 +52,9 @@ class Bundle:
 
     def inputs(self, split, rows=slice(None)):
         """The BERT inputs of `split` (`"train"` or `"dev"`), int32."""
-        x = {key: self.arrays[f"{split}_{key}"][rows]
-             for key in ("token_ids", "segment_ids", "padding_mask")}
-        for key in ("token_ids", "segment_ids"):
-            x[key] = x[key].astype("int32")
-        return x
+        x = {key: self.arrays[f"{split}_{key}"][rows].astype("int32")
+             for key in ("token_ids", "segment_ids")}
+        return dict(x, padding_mask=self.arrays[f"{split}_padding_mask"][rows])
 
     def labels(self, split, rows=slice(None)):
         return self.arrays[f"{split}_labels"][rows]
@@ -176,7 +174,7 @@ def download_wheels(folder, python_version, packages=WHEELS):
 
 
 def new_folder(path):
-    """Makes the folder of a bundle: a new or empty one, never one with files."""
+    """Makes a bundle's folder: a new or empty one, never one with files."""
     if os.path.exists(path) and os.listdir(path):
         raise FileExistsError(
             f"{path!r} exists and is not empty; give a new folder "
@@ -223,10 +221,8 @@ def build(args):
         shutil.rmtree(source)
     arrays, task = tokenize_task(checkpoint, args)
     np.savez_compressed(os.path.join(args.output, "data.npz"), **arrays)
-    wheels = []
-    if not args.no_wheels:
-        folder = os.path.join(args.output, "wheels")
-        wheels = download_wheels(folder, args.python_version)
+    wheels = [] if args.no_wheels else download_wheels(
+        os.path.join(args.output, "wheels"), args.python_version)
     with open(os.path.join(checkpoint, "config.json")) as f:
         config = json.load(f)
     shape = ("vocab_size", "num_hidden_layers", "hidden_size",

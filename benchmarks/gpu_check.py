@@ -266,8 +266,7 @@ def merge(folder):
     for name, goal in payload["goals"].items():
         print(f"goal {name}: {goal['measured']:.3f} (<= {goal['goal']}) "
               f"{'met' if goal['met'] else 'MISSED'}")
-    for row in payload["summary"]:
-        print(row)
+    print("\n".join(payload["summary"]))
     return path, payload["passed"]
 
 

@@ -218,9 +218,8 @@ def breakdown(payload):
         if isobn is None or cov is None:
             continue
         net = None if noop is None else (isobn - noop) / max(cov - noop, 1e-9)
-        zca = row["zca"] / isobn if row["zca"] else None
         row.update(dim=dim, dtype=dtype, ratio=isobn / cov, ratio_net=net,
-                   zca_ratio=zca)
+                   zca_ratio=row["zca"] / isobn if row["zca"] else None)
         rows.append(row)
     return rows
 

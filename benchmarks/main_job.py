@@ -87,6 +87,17 @@ def run_recipe(args, phases):
     for attribute in ("on_epoch_end", "restore_best"):
         phases.wrap(callbacks.TrainingCheckpoint, attribute, "saving")
     time_keras_epochs(phases)
+    compiled = {}  # Per number of epochs ended: [XLA compilations, seconds].
+
+    def count(event, seconds, **_):  # Tracing, lowering, compiling.
+        if event.startswith("/jax/core/compile/"):
+            n = compiled.setdefault(len(phases.epochs), [0, 0.0])
+            n[0] += event.endswith("backend_compile_duration")
+            n[1] += seconds
+
+    if args.child.split("-")[1] == "jax":
+        import jax
+        jax.monitoring.register_event_duration_secs_listener(count)
     s = args.sizes
     argv = [
         "--task", "sst2", "--data-dir", args.glue_dir,
@@ -112,7 +123,7 @@ def run_recipe(args, phases):
         epoch_examples=result["train_examples"] // b * b,
         dev_accuracy=result["dev_metrics"]["accuracy"],
         epoch_accuracy=[row["val_accuracy"] for row in result["epochs"]],
-        best_epoch=result["best_epoch"],
+        best_epoch=result["best_epoch"], xla_compilations=compiled,
     )
 
 
@@ -227,9 +238,8 @@ def child(args):
 def run_job(args, job):
     """Runs one job in a fresh process; its record, or its error."""
     module, load = "benchmarks.main_job", list(os.getloadavg())
-    backend = "torch" if job == "hf-trainer" else "tensorflow"
-    if job.startswith("recipe-"):
-        backend = job.split("-")[1]
+    backend = job.split("-")[1] if job.startswith("recipe-") else (
+        "torch" if job == "hf-trainer" else "tensorflow")
     with tempfile.TemporaryDirectory() as work_dir:
         argv = ["--child", job, "--glue-dir", args.glue_dir,
                 "--work-dir", work_dir, "--threads", str(args.threads)]
@@ -339,6 +349,10 @@ def markdown(payload, path=None):
         "Training rows: " + ("the same in every job" if len(hashes) == 1
                              else f"**differ between jobs** ({hashes})") + ".",
     ]
+    lines += [f"- `{r['job']}`: XLA compilations (and seconds tracing, "
+              "lowering, compiling) by epochs ended: " + "; ".join(
+                  f"{k}: {n} ({t:.1f} s)" for k, (n, t) in compiled.items())
+              for r in done if (compiled := r.get("xla_compilations"))]
     lines += [f"- `{r['job']}` **failed**: {r['error']}"
               for r in results if "error" in r]
     lines += [f"- `{job}` skipped: no {', '.join(modules)}"

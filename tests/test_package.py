@@ -116,3 +116,31 @@ def test_unknown_attribute_raises_attribute_error():
     assert not hasattr(keras_isobn, "ev_k")
     with pytest.raises(ImportError):
         from keras_isobn import no_such_module  # noqa: F401
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _lines(*parts):
+    """Lines of the file, or of the `.py` files under the folder, `parts`."""
+    path = os.path.join(ROOT, *parts)
+    if os.path.isfile(path):
+        paths = [path]
+    else:
+        paths = [
+            os.path.join(folder, name)
+            for folder, _, names in os.walk(path)
+            for name in names
+            if name.endswith(".py")
+        ]
+    return {p: sum(1 for _ in open(p, encoding="utf-8")) for p in paths}
+
+
+def test_the_layout_keeps_its_size_limits():
+    # A front page, modules small enough to read, benchmarks smaller than
+    # the library, a recipe that reads top to bottom.
+    assert sum(_lines("README.md").values()) <= 180
+    too_long = {p: n for p, n in _lines("keras_isobn").items() if n > 450}
+    assert not too_long, f"Split these library modules: {too_long}"
+    assert sum(_lines("benchmarks").values()) <= 4000
+    assert sum(_lines("recipes").values()) <= 600

@@ -9,12 +9,10 @@ from benchmarks.harness.command import add_options
 from benchmarks.harness.command import child_environment
 from benchmarks.harness.command import command
 from benchmarks.harness.command import limit_threads
-from benchmarks.harness.command import module_name
 from benchmarks.harness.command import parse
 from benchmarks.harness.command import run
 from benchmarks.harness.command import run_module
 from benchmarks.harness.command import selected_backends
-from benchmarks.harness.command import thread_environment
 from benchmarks.harness.models import DTYPES
 from benchmarks.harness.models import HF_INPUTS
 from benchmarks.harness.models import SHAPES
@@ -26,16 +24,12 @@ from benchmarks.harness.models import load_minilm
 from benchmarks.harness.models import minilm_checkpoint
 from benchmarks.harness.models import random_batches
 from benchmarks.harness.results import REPO_ROOT
-from benchmarks.harness.results import RESULTS_DIR
-from benchmarks.harness.results import cpu
-from benchmarks.harness.results import devices
 from benchmarks.harness.results import environment
 from benchmarks.harness.results import goal
 from benchmarks.harness.results import goals_table
 from benchmarks.harness.results import machine_line
 from benchmarks.harness.results import peak_rss_bytes
 from benchmarks.harness.results import status
-from benchmarks.harness.results import rewrite_markdown
 from benchmarks.harness.results import table
 from benchmarks.harness.results import us
 from benchmarks.harness.results import write_json
@@ -51,13 +45,12 @@ from benchmarks.harness.timing import summarize
 from benchmarks.harness.timing import time_keras_epochs
 
 __all__ = [
-    "BACKENDS", "DTYPES", "HF_INPUTS", "Phases", "REPO_ROOT", "RESULTS_DIR",
-    "SHAPES", "add_options", "alternate", "bert_backbone", "child_environment",
-    "command", "cpu", "devices", "embed", "environment", "goal", "goals_table",
-    "hf_bert_config", "hf_trainer", "jax_state", "limit_threads",
-    "load_minilm", "machine_line", "minilm_checkpoint", "module_name",
-    "paired_ratio", "parse", "peak_rss_bytes", "random_batches", "rate",
-    "rewrite_markdown", "run", "run_module", "selected_backends", "status",
-    "steady_rate", "step_clock", "summarize", "table", "thread_environment",
+    "BACKENDS", "DTYPES", "HF_INPUTS", "Phases", "REPO_ROOT", "SHAPES",
+    "add_options", "alternate", "bert_backbone", "child_environment",
+    "command", "embed", "environment", "goal", "goals_table", "hf_bert_config",
+    "hf_trainer", "jax_state", "limit_threads", "load_minilm", "machine_line",
+    "minilm_checkpoint", "paired_ratio", "parse", "peak_rss_bytes",
+    "random_batches", "rate", "run", "run_module", "selected_backends",
+    "status", "steady_rate", "step_clock", "summarize", "table",
     "time_keras_epochs", "us", "write_json", "write_results",
 ]

@@ -110,8 +110,8 @@ def parse(parser, argv=None, quick=None):
 def module_name(module):
     """The importable name of `module` (`"__main__"` as run by `-m`)."""
     if module == "__main__":
-        return sys.modules["__main__"].__spec__.name
-    return module
+        module = sys.modules["__main__"].__spec__.name
+    return module.removesuffix(".__main__")
 
 
 def selected_backends(args, backends=BACKENDS):

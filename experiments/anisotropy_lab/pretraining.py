@@ -324,6 +324,14 @@ def masked_language_model(args, vocabulary_size):
     return masked_lm, backbone
 
 
+def _check_top_layers(top_layers, num_layers):
+    if not 0 <= top_layers <= num_layers:
+        raise ValueError(
+            f"--train-top-layers must be in [0, {num_layers}], the "
+            f"backbone's transformer layers. Received: {top_layers}"
+        )
+
+
 def freeze_below(backbone, top_layers):
     """Freezes a BERT backbone but its top `top_layers` and its pooler.
 
@@ -337,11 +345,7 @@ def freeze_below(backbone, top_layers):
         top_layers: Integer in `[0, num_layers]`.
     """
     num_layers = backbone.num_layers
-    if not 0 <= top_layers <= num_layers:
-        raise ValueError(
-            f"--train-top-layers must be in [0, {num_layers}], the "
-            f"backbone's transformer layers. Received: {top_layers}"
-        )
+    _check_top_layers(top_layers, num_layers)
     trained = {"pooled_dense"} | {
         f"transformer_layer_{i}"
         for i in range(num_layers - top_layers, num_layers)
@@ -449,6 +453,13 @@ def pretrain(args):
     import keras_hub
 
     start = time.time()
+    if getattr(args, "train_top_layers", None) is not None:  # Before reading.
+        num_layers = args.layers
+        if args.from_preset:
+            num_layers = keras_hub.models.BertBackbone.from_preset(
+                args.from_preset, load_weights=False
+            ).num_layers
+        _check_top_layers(args.train_top_layers, num_layers)
     os.makedirs(args.output, exist_ok=True)
     singles, pairs = read_corpus(args.glue_dir, "train", args.corpus)
     print(

@@ -59,6 +59,8 @@ def test_the_quick_recipe_job_records_every_field(payload):
     assert len(r["epoch_accuracy"]) == 2
     # The recipe reports its best epoch's score.
     assert r["dev_accuracy"] == max(r["epoch_accuracy"])
+    # JAX's compilations, by epochs ended: the first epoch compiles.
+    assert (r["xla_compilations"].get("0", [0])[0] > 0) == (BACKEND == "jax")
     train = glue.load_split("sst2", "train", data_dir=glue.sample_data_dir())
     train = train.limit(64, seed=0)
     assert r["rows"] == main_job.fingerprint(train.features, train.labels)

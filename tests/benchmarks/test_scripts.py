@@ -11,7 +11,7 @@ from benchmarks import distributed_step
 from benchmarks import end_to_end
 from benchmarks import import_cost
 from benchmarks import layer_cost
-from benchmarks import run
+from benchmarks import __main__ as suite_runner
 
 BACKEND = keras.backend.backend()
 
@@ -20,7 +20,7 @@ BACKEND = keras.backend.backend()
 def suite(tmp_path_factory):
     """The whole suite, `--quick`, on the loaded backend only."""
     folder = tmp_path_factory.mktemp("results")
-    markdown = run.main(["--quick", "--backend", BACKEND,
+    markdown = suite_runner.main(["--quick", "--backend", BACKEND,
                          "--output", str(folder)])
     return folder, markdown
 

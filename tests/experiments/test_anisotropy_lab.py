@@ -373,9 +373,16 @@ def test_pretrain_trains_only_the_top_layers_asked(tmp_path):
             for new, old in zip(a.weights, source.weights)
             if new.path.startswith(path)
         ), path
-    # A count beyond the backbone's layers is refused.
+    # A count beyond the backbone's layers is refused, before the corpus is
+    # read (the folder given here has none) and before anything is written.
     with pytest.raises(ValueError, match=r"--train-top-layers.*\[0, 2\]"):
         pretraining.freeze_below(a, 3)
+    bad = [str(tmp_path / "no_glue") if x == argv[2] else x for x in argv]
+    with pytest.raises(ValueError, match=r"--train-top-layers.*\[0, 2\]"):
+        command_line.main(
+            bad + ["--train-top-layers", "3", "--output", str(tmp_path / "b")]
+        )
+    assert not (tmp_path / "b").exists()
 
 
 def test_drawn_pairs_swap_half_of_the_second_sentences_with_a_seed():
