@@ -87,13 +87,14 @@ def run_recipe(args, phases):
     for attribute in ("on_epoch_end", "restore_best"):
         phases.wrap(callbacks.TrainingCheckpoint, attribute, "saving")
     time_keras_epochs(phases)
-    compiled = {}  # Per number of epochs ended: [XLA compilations, seconds].
+    compiled, functions = {}, {}  # [XLA compilations, s] by epochs ended, name.
 
-    def count(event, seconds, **_):  # Tracing, lowering, compiling.
+    def count(event, seconds, fun_name=None, **_):  # Trace, lower, compile.
         if event.startswith("/jax/core/compile/"):
-            n = compiled.setdefault(len(phases.epochs), [0, 0.0])
-            n[0] += event.endswith("backend_compile_duration")
-            n[1] += seconds
+            for n in (compiled.setdefault(len(phases.epochs), [0, 0.0]),
+                      functions.setdefault(fun_name, [0, 0.0])):
+                n[0] += event.endswith("backend_compile_duration")
+                n[1] += seconds
 
     if args.child.split("-")[1] == "jax":
         import jax
@@ -124,6 +125,7 @@ def run_recipe(args, phases):
         dev_accuracy=result["dev_metrics"]["accuracy"],
         epoch_accuracy=[row["val_accuracy"] for row in result["epochs"]],
         best_epoch=result["best_epoch"], xla_compilations=compiled,
+        xla_compilations_by_function=functions,
     )
 
 
@@ -250,8 +252,7 @@ def run_job(args, job):
             stdout = harness.run_module(module, argv, backend, args.threads)
         except RuntimeError as error:
             return {"job": job, "error": str(error)}
-        wall = time.perf_counter() - start
-        ended = time.time()
+        wall, ended = time.perf_counter() - start, time.time()
     r = json.loads(stdout.strip().splitlines()[-1])
     phases = dict(r.pop("phases_s"), exit=ended - r.pop("ended_at"))
     phases["other"] = wall - sum(phases.values())
@@ -365,8 +366,7 @@ def markdown(payload, path=None):
 OPTIONS = {
     "jobs": (["all"], "Jobs to run, in the order " + ", ".join(JOBS) + ".",
              JOBS + ("all",)),
-    "glue_dir": (None, "GLUE TSV folder (with SST-2/); with --quick, the "
-                 "sample of keras_isobn.glue."),
+    "glue_dir": (None, "GLUE TSV folder (with SST-2/); --quick: the sample."),
     "child": (None, argparse.SUPPRESS, JOBS),
     "work_dir": (None, argparse.SUPPRESS),
     "launched_at": (0.0, argparse.SUPPRESS),

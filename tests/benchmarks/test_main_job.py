@@ -61,6 +61,8 @@ def test_the_quick_recipe_job_records_every_field(payload):
     assert r["dev_accuracy"] == max(r["epoch_accuracy"])
     # JAX's compilations, by epochs ended: the first epoch compiles.
     assert (r["xla_compilations"].get("0", [0])[0] > 0) == (BACKEND == "jax")
+    steps = r["xla_compilations_by_function"].get("jit(train_step)", [0])
+    assert (steps[0] > 0) == (BACKEND == "jax")
     train = glue.load_split("sst2", "train", data_dir=glue.sample_data_dir())
     train = train.limit(64, seed=0)
     assert r["rows"] == main_job.fingerprint(train.features, train.labels)
