@@ -118,12 +118,12 @@ def test_unknown_attribute_raises_attribute_error():
         from keras_isobn import no_such_module  # noqa: F401
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _lines(*parts):
     """Lines of the file, or of the `.py` files under the folder, `parts`."""
-    path = os.path.join(ROOT, *parts)
+    path = os.path.join(REPO_ROOT, *parts)
     if os.path.isfile(path):
         paths = [path]
     else:

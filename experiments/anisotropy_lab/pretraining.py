@@ -453,7 +453,7 @@ def pretrain(args):
     import keras_hub
 
     start = time.time()
-    if getattr(args, "train_top_layers", None) is not None:  # Before reading.
+    if args.train_top_layers is not None:  # Refused before the corpus is read.
         num_layers = args.layers
         if args.from_preset:
             num_layers = keras_hub.models.BertBackbone.from_preset(

@@ -21,7 +21,7 @@ def suite(tmp_path_factory):
     """The whole suite, `--quick`, on the loaded backend only."""
     folder = tmp_path_factory.mktemp("results")
     markdown = suite_runner.main(["--quick", "--backend", BACKEND,
-                         "--output", str(folder)])
+                                  "--output", str(folder)])
     return folder, markdown
 
 
