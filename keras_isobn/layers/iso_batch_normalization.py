@@ -44,7 +44,7 @@ class IsoBatchNormalization(keras.layers.Layer):
     In training (`training=True` and the layer trainable), the statistics
     of the batch are computed first, in float32, over every axis but the
     last: with `Y` the centred batch of `n` rows, `C = Y^T Y / n` and
-    `s = sqrt(mean(Y ** 2))`, read from the diagonal of the same product
+    `s = sqrt(mean(Y ** 2))`, the root of that product's diagonal
     (`s_i = sqrt(C_ii)`). They update the moving statistics,
     `moving_covariance += momentum * (C - moving_covariance)` and likewise
     `moving_std`, and the batch is then normalised with the *updated*
@@ -275,15 +275,21 @@ class IsoBatchNormalization(keras.layers.Layer):
             total = total * correction
             std = std * correction
 
-        # rho_ij ** 2 = (Cov_ij / std_i / std_j) ** 2, clipped at 1, from
-        # `1 / std` per feature: one fused pass over the `d x d` matrix,
-        # without building `outer(std, std)`. A feature without variance
-        # gets correlations 0, the limit of the formula (its gamma * std is
-        # 0 either way); so does one whose std is below the smallest normal
-        # float32, whose inverse would overflow.
+        # rho_ij ** 2 = (Cov_ij / std_i / std_j) ** 2, clipped at 1, is
+        # min(t_ij ** 2, std_i ** 2) / std_i ** 2 with t_ij = Cov_ij / std_j:
+        # three elementwise passes over the `d x d` matrix and a row mean,
+        # the fewest `keras.ops` can state (eager PyTorch runs each as its
+        # own kernel). A feature without variance gets correlations 0, the
+        # limit of the formula (its gamma * std is 0 either way); so does one
+        # whose std is below the smallest normal float32, whose inverse
+        # would overflow. `inverse * (inverse * mean)` cannot overflow: the
+        # clipped mean is at most std_i ** 2.
         inverse = ops.where(std >= _TINY, 1.0 / ops.maximum(std, _TINY), 0.0)
-        correlation = covariance * inverse[:, None] * inverse[None, :]
-        gamma = ops.mean(ops.minimum(ops.square(correlation), 1.0), axis=1)
+        clipped = ops.minimum(
+            ops.square(covariance * inverse[None, :]),
+            ops.square(std)[:, None],
+        )
+        gamma = inverse * (inverse * ops.mean(clipped, axis=1))
         a = ops.power(gamma * std + self.epsilon, -self.beta)
         target = total
         if self.output_variance == "unit":
@@ -318,40 +324,58 @@ class IsoBatchNormalization(keras.layers.Layer):
         if mask is not None:
             # With 0/1 weights, (w * y)^T (w * y) = sum_k w_k y_k y_k^T.
             centred = centred * weights
-        _, product = self._batch_sum(
-            rows, ops.matmul(ops.transpose(centred), centred)
-        )
-        # The sums of squares of the centred batch, `S_i = (Y^T Y)_ii`, and
-        # in one reduction the traces of `Y^T Y` and of the moving
-        # covariance (for the check below and the updated trace).
-        squares = _diagonal(product)
+        # A batch with no unmasked position or with a non-finite value is
+        # skipped: it must not poison the moving statistics. The check reads
+        # the `d` sums of squares `S_i = (Y^T Y)_ii`: by Cauchy-Schwarz,
+        # |(Y^T Y)_ij| <= sqrt(S_i S_j), so they cover the `d x d` product.
         moving_covariance = ops.convert_to_tensor(self.moving_covariance)
-        traces = ops.sum(
-            ops.stack([squares, _diagonal(moving_covariance)]), axis=1
-        )
+        inverse_count = ops.divide_no_nan(1.0, count)  # 0 without rows
+        if keras.backend.backend() == "torch":
+            # Eager PyTorch runs each op as its own kernel, and a `d x d`
+            # select costs three additions there: the check comes first,
+            # from the centred batch, which a skipped batch then zeroes, so
+            # that the moving average is one scaling and one addition.
+            _, squares = self._batch_sum(
+                rows, ops.sum(ops.square(centred), axis=0)
+            )
+            keep = ops.logical_and(count > 0.0, ops.isfinite(ops.sum(squares)))
+            rate = ops.where(keep, self.momentum * inverse_count, 0.0)
+            # `rate * Y^T Y` as the product of `sqrt(rate) * Y`.
+            centred = ops.where(keep, centred * ops.sqrt(rate), 0.0)
+            _, product = self._batch_sum(
+                rows, ops.matmul(ops.transpose(centred), centred)
+            )
+            decay = ops.where(keep, 1.0 - self.momentum, 1.0)
+            covariance = decay * moving_covariance + product
+            variance = _diagonal(covariance)
+            total = ops.sum(variance)
+        else:
+            # XLA fuses the select into the moving average, so the check
+            # reads the product's diagonal, and one reduction of the two
+            # diagonals (the product's, the old moving covariance's) gives
+            # it and the updated trace. A skipped batch keeps every
+            # statistic through a `where`, not a zero rate: a non-finite
+            # product times 0 is NaN.
+            _, product = self._batch_sum(
+                rows, ops.matmul(ops.transpose(centred), centred)
+            )
+            squares = _diagonal(product)
+            traces = ops.sum(
+                ops.stack([squares, _diagonal(moving_covariance)]), axis=1
+            )
+            keep = ops.logical_and(count > 0.0, ops.isfinite(traces[0]))
+            rate = self.momentum * inverse_count
 
-        # Skip the update for a batch with no unmasked position or with a
-        # non-finite value: it must not poison the moving statistics. By
-        # Cauchy-Schwarz, |(Y^T Y)_ij| <= sqrt(S_i S_j), so checking the
-        # `d` sums of squares covers the `d x d` product. A skipped batch
-        # keeps every statistic through a `where` (not a zero rate: a
-        # non-finite product times 0 is NaN).
-        keep = ops.logical_and(count > 0.0, ops.isfinite(traces[0]))
-        # 1 / n, or 0 for a batch without rows (all masked).
-        inverse_count = ops.divide_no_nan(1.0, count)
-        rate = self.momentum * inverse_count
+            def update(moving, batch):
+                # The moving average of `batch / n`; `moving` if skipped.
+                updated = (1.0 - self.momentum) * moving + rate * batch
+                return ops.where(keep, updated, moving)
 
-        def update(moving, batch):
-            # The moving average of `batch / n`; `moving` if skipped.
-            updated = (1.0 - self.momentum) * moving + rate * batch
-            return ops.where(keep, updated, moving)
-
-        covariance = update(moving_covariance, product)
-        # Its diagonal is read from the result (reading the old one after
-        # the update would make XLA copy the `d x d` variable it updates in
-        # place); its trace comes from the traces, without a reduction.
-        variance = _diagonal(covariance)
-        total = update(traces[1], traces[0])
+            covariance = update(moving_covariance, product)
+            # The diagonal of the result: reading the old one after the
+            # update would make XLA copy the variable it updates in place.
+            variance = _diagonal(covariance)
+            total = update(traces[1], traces[0])
         moving_std = ops.convert_to_tensor(self.moving_std)
         std = ops.sqrt(squares * inverse_count)
         std = ops.where(
