@@ -217,6 +217,7 @@ def prepare_devices(args):
 
     Before anything is computed, as JAX needs to join a cluster.
     """
+    keras_isobn.runtime.reuse_freed_memory()  # Every step's tensors: reused.
     backend = keras.backend.backend()
     cluster = distribution.cluster_environment()
     if args.distribution is None:

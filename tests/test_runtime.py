@@ -84,3 +84,45 @@ def test_heavy_imports_run_with_the_collector_paused_then_frozen():
     assert counts == "0 True True"
     assert loader != "_StartupLoader"  # An ordinary module once loaded.
     assert done.stderr == ""
+
+
+GLIBC = sys.platform.startswith("linux") and "glibc" in os.confstr(
+    "CS_GNU_LIBC_VERSION"
+)
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+def test_large_blocks_come_from_the_heap_after_reuse_freed_memory():
+    # In its own process: the setting is process-wide. `hblks` counts the
+    # blocks glibc maps on their own.
+    done = _run("""
+        import ctypes
+
+        from keras_isobn import runtime
+
+        class Info(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = Info
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+
+        def mapped(size):
+            before = libc.mallinfo2().hblks
+            block = libc.malloc(size)
+            count = libc.mallinfo2().hblks - before
+            libc.free(block)
+            return count
+
+        # Freeing the first raises glibc's own threshold to its size: the
+        # second is larger, so that glibc would map it too by default.
+        before = mapped(24 * 2**20)
+        print(before, runtime.reuse_freed_memory(), mapped(28 * 2**20))
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Mapped on its own by default (and unmapped when freed: its pages are
+    # faulted in again at the next step); from the heap after the call.
+    assert done.stdout.split() == ["1", "True", "0"]

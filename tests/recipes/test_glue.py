@@ -354,6 +354,17 @@ def test_batches_cut_to_few_lengths_on_jax(length):
         assert metrics.trim_padding == 8
 
 
+def test_the_recipe_keeps_freed_memory_for_reuse(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        recipe.keras_isobn.runtime,
+        "reuse_freed_memory",
+        lambda: calls.append(True),
+    )
+    recipe.prepare_devices(recipe.parse_args([]))
+    assert calls == [True]
+
+
 def test_hint_to_use_jax_when_pytorch_sees_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(
         recipe.distribution, "accelerator_visible", lambda: True
