@@ -85,17 +85,17 @@ def reuse_freed_memory():
     (128 KiB at first, raised as such blocks are freed) and gives freed
     memory at the top of the heap back to the system, so a step that makes
     and frees the same megabyte-sized tensors as the last can fault in
-    fresh zeroed pages for them, every step. This
-    sets glibc's mmap threshold to its maximum (32 MiB) and its trim
-    threshold to 1 GiB, as `MALLOC_MMAP_THRESHOLD_` and
-    `MALLOC_TRIM_THRESHOLD_` would: blocks under 32 MiB come from the heap
-    and freed memory stays in the process for reuse (its resident size
-    stays near its peak). The recipe calls it; it acts on the whole
-    process, so call it yourself in your own training script if you want
-    it. Measured on 2 CPU cores: IsoBN's eager PyTorch train step, in a
-    script of its own, 2.8x faster; the GLUE recipe's JAX job about 5%
-    faster, its TensorFlow and PyTorch jobs within noise
-    (`benchmarks/results/ANALYSIS.md`).
+    fresh zeroed pages for them, every step. This sets glibc's mmap
+    threshold to its maximum (32 MiB) and its trim threshold to 1 GiB, as
+    the environment variables `MALLOC_MMAP_THRESHOLD_` and
+    `MALLOC_TRIM_THRESHOLD_` together would: blocks under 32 MiB come from
+    the heap, and freed memory stays in the process for reuse (its resident
+    size stays near its peak). The recipe calls it; it acts on the whole
+    process, so the library does not call it on import: call it in your
+    own training script for the same effect. Measured on 2 CPU cores:
+    IsoBN's eager PyTorch train step, in a script of its own, 2.8x faster;
+    the GLUE recipe's JAX job about 5% faster, its TensorFlow and PyTorch
+    jobs within noise (`benchmarks/results/ANALYSIS.md`).
 
     Returns:
         Whether both settings were applied: `False` where the C library is
