@@ -1,4 +1,5 @@
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -86,9 +87,7 @@ def test_heavy_imports_run_with_the_collector_paused_then_frozen():
     assert done.stderr == ""
 
 
-GLIBC = sys.platform.startswith("linux") and "glibc" in os.confstr(
-    "CS_GNU_LIBC_VERSION"
-)
+GLIBC = platform.libc_ver()[0] == "glibc"
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
