@@ -58,10 +58,9 @@ PAPER_DEFAULTS = dict(
     task=None, norm=["isobn"], max_sequence_length=256, batch_size=16,
     learning_rate=5e-5, epochs=10, seeds=[1, 2, 3, 4, 5],
 )
-# Not isobn-unit: the sample's BERT, untrained, has pooled outputs of std
-# ~3e-4, which unit variance scales ~4,000 times; with the slowly moving
-# statistics the first steps blow up (experiments/anisotropy_lab/ shows it
-# on a pretrained encoder).
+# Not isobn-unit: the sample's untrained BERT pools outputs of std ~3e-4,
+# which unit variance scales ~4,000 times; with the slowly moving statistics
+# the first steps blow up (experiments/anisotropy_lab/: on a pretrained one).
 SAMPLE_DEFAULTS = dict(
     task=["sst2", "stsb"], norm=["none", "batchnorm", "isobn"],
     max_sequence_length=40, batch_size=32, learning_rate=3e-3, epochs=4,
@@ -215,9 +214,10 @@ def parse_args(argv=None):
 def prepare_devices(args):
     """Joins the cluster of `--distribution` and picks mixed precision.
 
-    Before anything is computed, as JAX needs to join a cluster.
+    Before anything is computed: JAX joins a cluster, and picks its cache.
     """
     keras_isobn.runtime.reuse_freed_memory()  # Every step's tensors: reused.
+    keras_isobn.runtime.cache_compilations()  # JAX: steps kept on disk.
     backend = keras.backend.backend()
     cluster = distribution.cluster_environment()
     if args.distribution is None:

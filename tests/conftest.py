@@ -1,6 +1,10 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# The recipe turns on JAX's compilation cache (`runtime.cache_compilations`):
+# not in the tests' processes, which would write to the user's cache.
+# `tests/test_runtime.py` tests it in processes of their own.
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -125,3 +125,68 @@ def test_large_blocks_come_from_the_heap_after_reuse_freed_memory():
     # Mapped on its own by default (and unmapped when freed: its pages are
     # faulted in again at the next step); from the heap after the call.
     assert done.stdout.split() == ["1", "True", "0"]
+
+
+def test_cache_compilations_does_nothing_off_jax_or_when_turned_off():
+    # The tests' processes turn JAX's cache off (conftest.py).
+    assert runtime.cache_compilations() is None
+
+
+# A Keras train step on JAX, with the cache as the recipe sets it: the
+# cache's hits, and a hash of the weights after the step.
+_CACHED_STEP = """
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    from keras_isobn import runtime
+
+    hits = []
+    jax.monitoring.register_event_listener(
+        lambda event, **_: hits.append(event)
+        if event == "/jax/compilation_cache/cache_hits" else None
+    )
+    print(runtime.cache_compilations())
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(optimizer="adam", loss="mse")
+    model.train_on_batch(np.ones((8, 4)), np.linspace(0, 1, 24).reshape(8, 3))
+    weights = b"".join(w.tobytes() for w in model.get_weights())
+    print(hashlib.sha256(weights).hexdigest())
+    print(len(hits))
+"""
+
+
+@pytest.mark.skipif(
+    keras.config.backend() != "jax", reason="JAX's compilation cache"
+)
+def test_jax_compilations_are_kept_and_a_damaged_entry_is_compiled_again(
+    tmp_path,
+):
+    def run():
+        done = _run(
+            _CACHED_STEP,
+            KERAS_BACKEND="jax",
+            XDG_CACHE_HOME=str(tmp_path),
+            JAX_ENABLE_COMPILATION_CACHE="true",
+            JAX_COMPILATION_CACHE_DIR="",
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        directory, weights, hits = done.stdout.split()
+        return directory, weights, int(hits), done.stderr
+
+    cache = tmp_path / "keras_isobn" / "jax"
+    directory, weights, hits, _ = run()
+    assert directory == str(cache)
+    entries = sorted(cache.glob("*-cache"))
+    assert entries and hits == 0  # Every compilation kept.
+    # A second process loads them all: the same step, bit for bit.
+    assert run()[1:3] == (weights, len(entries))
+    for entry in entries:
+        entry.write_bytes(b"damaged")
+    _, again, hits, stderr = run()
+    assert (again, hits) == (weights, 0)  # Compiled, as without a cache.
+    assert "Error reading persistent compilation cache entry" in stderr

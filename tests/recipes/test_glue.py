@@ -354,15 +354,16 @@ def test_batches_cut_to_few_lengths_on_jax(length):
         assert metrics.trim_padding == 8
 
 
-def test_the_recipe_keeps_freed_memory_for_reuse(monkeypatch):
+def test_the_recipe_reuses_freed_memory_and_caches_compilations(monkeypatch):
     calls = []
-    monkeypatch.setattr(
-        recipe.keras_isobn.runtime,
-        "reuse_freed_memory",
-        lambda: calls.append(True),
-    )
+    for name in ("reuse_freed_memory", "cache_compilations"):
+        monkeypatch.setattr(
+            recipe.keras_isobn.runtime,
+            name,
+            lambda name=name: calls.append(name),
+        )
     recipe.prepare_devices(recipe.parse_args([]))
-    assert calls == [True]
+    assert calls == ["reuse_freed_memory", "cache_compilations"]
 
 
 def test_hint_to_use_jax_when_pytorch_sees_a_gpu(capsys, monkeypatch):
