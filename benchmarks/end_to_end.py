@@ -142,15 +142,12 @@ def current_rss_bytes():
 
 def reset_device_peak():
     """Resets the GPU's peak-memory counter where the backend has one."""
-    if not on_gpu():
-        return
-    if keras.backend.backend() == "torch":
+    backend = keras.backend.backend() if on_gpu() else None
+    if backend == "torch":
         import torch
-
         torch.cuda.reset_peak_memory_stats()
-    elif keras.backend.backend() == "tensorflow":
+    elif backend == "tensorflow":
         import tensorflow as tf
-
         tf.config.experimental.reset_memory_stats("GPU:0")
 
 
@@ -161,14 +158,11 @@ def device_peak_bytes():
     backend = keras.backend.backend()
     if backend == "torch":
         import torch
-
         return int(torch.cuda.max_memory_allocated())
     if backend == "tensorflow":
         import tensorflow as tf
-
         return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
     import jax
-
     stats = jax.devices()[0].memory_stats() or {}
     return stats.get("peak_bytes_in_use")
 
@@ -200,9 +194,8 @@ def measure_model(args, model):
     difference = np.abs(logits.astype("float64") - folded_logits)
 
     def ratio(timings, name):  # To the first classifier without IsoBN.
-        if name not in timings:
-            return None
-        return harness.paired_ratio(timings[name], timings["none"])
+        return (harness.paired_ratio(timings[name], timings["none"])
+                if name in timings else None)
 
     isobn_state = classifiers["isobn"].normalization.non_trainable_variables
     result = {
@@ -442,9 +435,8 @@ def main(argv=None):
                  inference_steps=2, no_memory=True, no_control=True,
                  eager=keras.backend.backend() != "jax")
     args = harness.parse(parser, argv, quick)
-    if args.memory_probe:
-        return memory_probe(args)
-    return harness.run(__name__, argv, parser, measure, quick)
+    return (memory_probe(args) if args.memory_probe
+            else harness.run(__name__, argv, parser, measure, quick))
 
 
 if __name__ == "__main__":

@@ -131,8 +131,8 @@ def child_environment(backend, threads=None):
     return env
 
 
-def run_module(module, argv, backend, threads=None, timeout=None):
-    """Runs `python -m module *argv` on `backend`; returns its stdout.
+def run_module(module, argv, backend, threads=None, env=None, timeout=None):
+    """Runs `python -m module *argv` on `backend` (and `env`); its stdout.
 
     Raises:
         RuntimeError: if the process fails.
@@ -140,7 +140,8 @@ def run_module(module, argv, backend, threads=None, timeout=None):
     print(f"[{module}] {backend}: {' '.join(argv)}", flush=True)
     done = subprocess.run(
         [sys.executable, "-m", module, *argv], stdout=subprocess.PIPE,
-        env=child_environment(backend, threads), text=True, timeout=timeout,
+        env=dict(child_environment(backend, threads), **env or {}),
+        text=True, timeout=timeout,
     )
     sys.stdout.write(done.stdout)
     if done.returncode != 0:

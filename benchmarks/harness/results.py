@@ -135,9 +135,7 @@ def _plain(value):
         return [_plain(v) for v in value]
     if isinstance(value, (np.floating, float)):
         return float(value) if np.isfinite(value) else None
-    if isinstance(value, (np.integer, np.bool_)):
-        return value.item()
-    return value
+    return value.item() if isinstance(value, (np.integer, np.bool_)) else value
 
 
 def write_results(args, benchmark, settings, results=None, backend=True,

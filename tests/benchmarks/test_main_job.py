@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import keras
 import pytest
@@ -123,6 +124,7 @@ def test_goals_compare_every_recipe_job_with_hf():
         record("recipe-torch-isobn", 160.0, 40.0),
         {"job": "recipe-tensorflow-isobn", "error": "failed"},
         record("recipe-jax-isobn-bfloat16", 10.0, 1.0),  # Not a goal's.
+        record("recipe-jax-isobn-cached", 10.0, 1.0),  # Not a goal's.
     ])
     fastest, every, fixed = rows
     assert fastest[2] == "jax-isobn: 0.90x" and fastest[3] == "met"
@@ -152,3 +154,29 @@ def test_bfloat16_jobs_run_the_recipe_in_mixed_bfloat16(
     argv = info.value.args[0]
     assert argv[argv.index("--norm") + 1] == "isobn"
     assert argv[-2:] == ["--mixed-precision", "bfloat16"]
+
+
+def test_jax_jobs_start_with_an_empty_cache_and_cached_ones_run_twice(
+    monkeypatch,
+):
+    calls = []
+
+    def run_module(module, argv, backend, threads=None, env=None):
+        calls.append((argv[argv.index("--work-dir") + 1], env))
+        return json.dumps(dict(
+            phases_s={}, ended_at=time.time(), epoch_train_s=[1.0, 1.0],
+            epoch_examples=32, evaluations=[[8, 1.0]],
+        ))
+
+    monkeypatch.setattr(main_job.harness, "run_module", run_module)
+    args = main_job.parse_args(["--quick"])
+    for job, runs in (("recipe-jax-isobn", 1), ("recipe-jax-isobn-cached", 2)):
+        calls.clear()
+        assert main_job.run_job(args, job)["job"] == job
+        work_dirs, envs = zip(*calls)
+        caches = {env["JAX_COMPILATION_CACHE_DIR"] for env in envs}
+        # A fresh cache per job, deleted with it; the runs of a cached job
+        # in work directories of their own.
+        assert len(calls) == len(set(work_dirs)) == runs and len(caches) == 1
+        assert not os.path.exists(caches.pop())
+    assert "recipe-jax-isobn-cached" in main_job.JOBS
